@@ -1,0 +1,9 @@
+"""Airflow DAG file: one DAG per pipeline under $TIDEFLOW_PIPELINES_DIR (default: pipelines/).
+
+Kept thin on purpose: it imports no torch, mlflow or boto3 and touches no network.
+A broken pipeline file shows as an Airflow import error naming that file and line.
+"""
+
+from tideflow.dag.loader import register
+
+register(globals())

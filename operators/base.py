@@ -1,0 +1,60 @@
+"""What every tideflow operator shares: pipeline identity and the step context."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from tideflow.config import Settings
+from tideflow.steps.context import StepContext
+
+
+def _plain(value: Any) -> Any:
+    """Params arrive as Airflow ``Param`` wrappers in some code paths; keep only values."""
+    return getattr(value, "value", value)
+
+
+class TideflowOperator(BaseOperator):
+    """Base of the four step operators. ``__init__`` only stores arguments."""
+
+    ui_color = "#d6eaf8"
+
+    def __init__(self, *, pipeline: str, team: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.team = team
+
+    def step_context(self, context: Context, outputs: tuple[str, ...] = ()) -> StepContext:
+        settings = Settings.from_env()
+        ti = context["ti"]
+        params = {key: _plain(value) for key, value in dict(context["params"]).items()}
+        return StepContext(
+            pipeline=self.pipeline,
+            team=self.team,
+            step=self.task_id,
+            dag_id=self.dag_id,
+            run_id=context["run_id"],
+            try_number=int(ti.try_number or 1),
+            artifact_root=settings.artifact_root,
+            params=params,
+            outputs=outputs,
+        )
+
+
+class NotYetAvailableOperator(TideflowOperator):
+    """A step kind whose operator is not part of this release; fails with a clear reason."""
+
+    kind = ""
+
+    def __init__(self, *, config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config = config or {}
+
+    def execute(self, context: Context) -> Any:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(
+            f"tideflow: '{self.kind}' steps cannot run in this version of tideflow yet; "
+            "the pipeline validates and compiles, but only data_prep steps execute"
+        )

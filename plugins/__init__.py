@@ -1,0 +1,1 @@
+"""Airflow plugin of tideflow (imported as ``tideflow.plugins``)."""

@@ -1,0 +1,1 @@
+"""Pure compilers from a validated ``PipelineSpec`` to engine-shaped plans."""

@@ -1,0 +1,160 @@
+"""Compile a ``PipelineSpec`` into a ``DagPlan``: the Airflow DAG as plain data.
+
+This is a pure function of the spec and the inventory; the Airflow layer
+(``tideflow.dag.builder``) only instantiates what the plan says. Keeping the
+decisions here means they are tested, and golden-filed, without Airflow.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tideflow.spec.models import (
+    DataPrep,
+    Evaluation,
+    GangTraining,
+    ParamSpec,
+    PipelineSpec,
+    PromoteCheckpoint,
+    Step,
+)
+
+POOL_FOR_CLASS = {"cpu": "tideflow-cpu", "gpu": "tideflow-gpu", "npu": "tideflow-npu"}
+OPERATOR_FOR_KIND = {
+    "data_prep": "DataPrepOperator",
+    "gang_training": "GangTrainingOperator",
+    "evaluation": "EvaluationOperator",
+    "promote_checkpoint": "PromoteCheckpointOperator",
+}
+_PARAM_TYPES = {"string": "string", "int": "integer", "float": "number", "bool": "boolean"}
+_EXACT_PARAM = re.compile(r"^\s*\{\{\s*params\.([A-Za-z_]\w*)\s*\}\}\s*$")
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    default: Any
+    type: str | list[str]
+    description: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    enum: tuple[Any, ...] | None = None
+
+    def param_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``airflow.sdk.Param`` (JSON-schema keywords)."""
+        kwargs: dict[str, Any] = {"type": self.type}
+        if self.description:
+            kwargs["description"] = self.description
+        if self.minimum is not None:
+            kwargs["minimum"] = self.minimum
+        if self.maximum is not None:
+            kwargs["maximum"] = self.maximum
+        if self.enum is not None:
+            kwargs["enum"] = list(self.enum)
+        return kwargs
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    task_id: str
+    kind: str
+    operator: str
+    upstream: tuple[str, ...]
+    pool: str
+    pool_slots: int
+    retries: int
+    timeout_seconds: int | None
+    config: dict[str, Any] = field(hash=False)
+
+
+@dataclass(frozen=True)
+class DagPlan:
+    dag_id: str
+    team: str
+    description: str
+    schedule: str | None
+    owners: tuple[str, ...]
+    tags: tuple[str, ...]
+    params: dict[str, ParamPlan] = field(hash=False)
+    tasks: tuple[TaskPlan, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def pool_demand(self) -> dict[str, int]:
+        """Largest slot count any single task asks of each pool."""
+        demand: dict[str, int] = {}
+        for task in self.tasks:
+            demand[task.pool] = max(demand.get(task.pool, 0), task.pool_slots)
+        return demand
+
+
+def _param_plan(spec: ParamSpec) -> ParamPlan:
+    if spec.type == "enum":
+        values = tuple(spec.values or ())
+        kinds = sorted({"string" if isinstance(v, str) else "number" for v in values})
+        return ParamPlan(
+            spec.default, kinds[0] if len(kinds) == 1 else kinds, spec.description, enum=values
+        )
+    return ParamPlan(
+        spec.default, _PARAM_TYPES[spec.type], spec.description, spec.minimum, spec.maximum
+    )
+
+
+def _at_default(value: int | str, params: dict[str, ParamSpec]) -> int:
+    """A templated integer at its param's default; templates we cannot resolve count as 1."""
+    if isinstance(value, int):
+        return value
+    match = _EXACT_PARAM.match(value)
+    if match and match.group(1) in params and isinstance(params[match.group(1)].default, int):
+        return int(params[match.group(1)].default)
+    return 1
+
+
+def _placement(step: Step, params: dict[str, ParamSpec]) -> tuple[str, int]:
+    body = step.body
+    if isinstance(body, DataPrep):
+        from tideflow.spec.fields import cpu_cores
+
+        return body.pool, max(1, math.ceil(cpu_cores(body.resources.cpu)))
+    if isinstance(body, GangTraining):
+        devices = _at_default(body.workers, params) * _at_default(body.devices_per_worker, params)
+        return POOL_FOR_CLASS[body.device.device_class], devices
+    if isinstance(body, Evaluation):
+        first = body.devices[0]
+        return POOL_FOR_CLASS["cpu" if first == "cpu" else first.split("-")[0]], 1
+    assert isinstance(body, PromoteCheckpoint)
+    return POOL_FOR_CLASS["cpu"], 1
+
+
+def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
+    """Pure: the same spec always gives the same plan."""
+    tasks = []
+    for step in spec.steps:
+        pool, slots = _placement(step, spec.params)
+        tasks.append(
+            TaskPlan(
+                task_id=step.name,
+                kind=step.kind,
+                operator=OPERATOR_FOR_KIND[step.kind],
+                upstream=tuple(step.needs),
+                pool=pool,
+                pool_slots=slots,
+                retries=step.retries,
+                timeout_seconds=step.timeout,
+                config=step.body.model_dump(mode="json", by_alias=True),
+            )
+        )
+    meta = spec.metadata
+    return DagPlan(
+        dag_id=meta.name,
+        team=meta.team,
+        description=meta.description,
+        schedule=meta.schedule,
+        owners=meta.owners,
+        tags=tuple(dict.fromkeys(("tideflow", f"team:{meta.team}", *meta.tags))),
+        params={name: _param_plan(p) for name, p in spec.params.items()},
+        tasks=tuple(tasks),
+    )

@@ -1,0 +1,38 @@
+"""Platform settings read from the environment (12-factor: nothing in the YAML).
+
+The same pipeline runs on a laptop and on a cluster; what differs (where
+artifacts go, which MLflow server, which cluster inventory) is configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _home() -> Path:
+    return Path(os.environ.get("TIDEFLOW_HOME", Path.cwd() / ".tideflow")).resolve()
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    pipelines_dir: Path
+    cluster_file: Path | None
+    artifact_root: str
+    mlflow_tracking_uri: str | None
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        home = _home()
+        cluster = os.environ.get("TIDEFLOW_CLUSTER_FILE")
+        return cls(
+            home=home,
+            pipelines_dir=Path(os.environ.get("TIDEFLOW_PIPELINES_DIR", "pipelines")).resolve(),
+            cluster_file=Path(cluster).resolve() if cluster else None,
+            artifact_root=os.environ.get(
+                "TIDEFLOW_ARTIFACT_ROOT", (home / "artifacts").as_uri()
+            ).rstrip("/"),
+            mlflow_tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
+        )

@@ -1,0 +1,1 @@
+"""The Airflow layer that turns compiled plans into DAGs (imports Airflow)."""

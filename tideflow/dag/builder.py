@@ -1,0 +1,69 @@
+"""Instantiate an Airflow DAG from a ``DagPlan``. Decisions belong in the plan, not here."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, Param
+
+from tideflow import operators
+from tideflow.compile.dag_plan import DagPlan, TaskPlan
+
+# A fixed start date in the past: pipelines with a schedule start from their
+# first deployment (catchup is off), and manual-only pipelines ignore it.
+START_DATE = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+
+
+def _operator_kwargs(task: TaskPlan) -> dict[str, Any]:
+    if task.kind == "data_prep":
+        config = task.config
+        return {
+            "entrypoint": config["entrypoint"],
+            "args": config.get("args", {}),
+            "env": config.get("env", {}),
+            "outputs": tuple(config.get("outputs", ())),
+        }
+    return {"config": task.config}
+
+
+def build_dag(plan: DagPlan, source: Path | None = None) -> DAG:
+    doc = f"**tideflow pipeline** `{plan.dag_id}` (team `{plan.team}`)"
+    if source is not None:
+        doc += f" from `{source}`"
+    if plan.description:
+        doc += f"\n\n{plan.description}"
+    dag = DAG(
+        dag_id=plan.dag_id,
+        description=plan.description or None,
+        schedule=plan.schedule,
+        start_date=START_DATE,
+        catchup=False,
+        tags=list(plan.tags),
+        params={name: Param(p.default, **p.param_kwargs()) for name, p in plan.params.items()},
+        default_args={"owner": ", ".join(plan.owners) or plan.team},
+        # Jinja renders '{{ params.seed }}' to the int 42, not the string "42".
+        render_template_as_native_obj=True,
+        doc_md=doc,
+    )
+    tasks = {}
+    for task in plan.tasks:
+        operator_class = getattr(operators, task.operator)
+        tasks[task.task_id] = operator_class(
+            task_id=task.task_id,
+            pipeline=plan.dag_id,
+            team=plan.team,
+            pool=task.pool,
+            pool_slots=task.pool_slots,
+            retries=task.retries,
+            execution_timeout=(
+                dt.timedelta(seconds=task.timeout_seconds) if task.timeout_seconds else None
+            ),
+            dag=dag,
+            **_operator_kwargs(task),
+        )
+    for task in plan.tasks:
+        for upstream in task.upstream:
+            tasks[upstream] >> tasks[task.task_id]
+    return dag

@@ -1,0 +1,151 @@
+"""Build one DAG per pipeline file; report broken files as Airflow import errors.
+
+Airflow records import errors per Python file, and an exception in the loader
+would hide every pipeline. So the loader catches each pipeline's problems and
+files them as import errors under the YAML file's own path: one broken
+pipeline shows up in the UI and in ``airflow dags list-import-errors`` with its
+file and line, and the others still load.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tideflow.compile.dag_plan import compile_dag_plan
+from tideflow.config import Settings
+from tideflow.inventory import Inventory
+from tideflow.spec import SpecError, SpecIssue, find_pipelines, load_cluster, load_pipeline
+
+log = logging.getLogger(__name__)
+
+
+class PipelineImportWarning(UserWarning):
+    """Carries a pipeline's errors when no Airflow import-error channel is reachable."""
+
+
+@dataclass
+class LoadResult:
+    dags: dict[str, Any] = field(default_factory=dict)
+    errors: dict[Path, SpecError] = field(default_factory=dict)
+
+
+def load_dags(pipelines_dir: Path, inventory: Inventory | None = None) -> LoadResult:
+    from tideflow.dag.builder import build_dag
+
+    result = LoadResult()
+    owners: dict[str, Path] = {}
+    for path in find_pipelines(pipelines_dir):
+        try:
+            spec = load_pipeline(path, inventory)
+            name = spec.metadata.name
+            if name in owners:
+                raise SpecError(
+                    str(path),
+                    [
+                        SpecIssue(
+                            str(path),
+                            1,
+                            1,
+                            "metadata.name",
+                            f"pipeline name '{name}' is already used by {owners[name]}",
+                            "a name unique across the pipelines directory",
+                        )
+                    ],
+                )
+            owners[name] = path
+            result.dags[name] = build_dag(compile_dag_plan(spec), path)
+        except SpecError as exc:
+            result.errors[path] = exc
+        except Exception as exc:  # an unexpected failure still must not hide other pipelines
+            log.exception("tideflow: failed to build a DAG from %s", path)
+            result.errors[path] = SpecError(
+                str(path),
+                [
+                    SpecIssue(
+                        str(path),
+                        1,
+                        1,
+                        "",
+                        f"internal error while building the DAG: {exc!r}",
+                        "please report this with the pipeline file",
+                    )
+                ],
+            )
+    return result
+
+
+def _airflow_import_result() -> tuple[Any, Path | None] | None:
+    """The ``DagImportResult`` of the Airflow importer that is executing us, if any."""
+    try:
+        from airflow.dag_processing.importers.base import DagImportResult
+    except ImportError:
+        return None
+    frame = inspect.currentframe()
+    while frame is not None:
+        candidate = frame.f_locals.get("result")
+        if isinstance(candidate, DagImportResult):
+            bundle = frame.f_locals.get("bundle_path")
+            return candidate, Path(bundle) if bundle else None
+        frame = frame.f_back
+    return None
+
+
+def report_errors(errors: dict[Path, SpecError]) -> None:
+    if not errors:
+        return
+    found = _airflow_import_result()
+    for path, error in errors.items():
+        first = error.issues[0] if error.issues else None
+        log.error("tideflow: %s", error)
+        if found is None:
+            warnings.warn_explicit(
+                str(error), PipelineImportWarning, str(path), first.line if first else 1
+            )
+            continue
+        from airflow.dag_processing.importers.base import DagImportError
+
+        import_result, bundle = found
+        try:
+            shown = str(path.relative_to(bundle)) if bundle else str(path)
+        except ValueError:
+            shown = str(path)
+        import_result.errors.append(
+            DagImportError(
+                file_path=shown,
+                message=str(error),
+                error_type="tideflow-pipeline",
+                line_number=first.line if first else None,
+                column_number=first.column if first else None,
+            )
+        )
+
+
+def register(namespace: dict[str, Any]) -> LoadResult:
+    """Entry point of ``dags/tideflow_pipelines.py``: put the DAGs in the module's globals."""
+    settings = Settings.from_env()
+    inventory = None
+    if settings.cluster_file is not None:
+        try:
+            inventory = load_cluster(settings.cluster_file)
+        except SpecError as exc:
+            report_errors({settings.cluster_file: exc})
+            return LoadResult()
+    pipelines_dir = settings.pipelines_dir
+    if not pipelines_dir.is_dir():
+        log.error("tideflow: TIDEFLOW_PIPELINES_DIR %s is not a directory", pipelines_dir)
+        return LoadResult()
+    result = load_dags(pipelines_dir, inventory)
+    for dag_id, dag in result.dags.items():
+        namespace[f"tideflow__{dag_id.replace('-', '_')}"] = dag
+    report_errors(result.errors)
+    return result
+
+
+def default_pipelines_dir() -> str:
+    return os.environ.get("TIDEFLOW_PIPELINES_DIR", "pipelines")

@@ -1,0 +1,178 @@
+"""Rules that span steps: names, ``needs``, cycles, template params, gang fit.
+
+They run on the raw YAML data, so a graph problem is reported even when some
+other field of the same step is also wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from tideflow.inventory import Inventory
+from tideflow.spec.errors import SpecIssue
+from tideflow.spec.models import GangTraining
+from tideflow.spec.report import did_you_mean
+from tideflow.spec.yamlpos import Path, Positions, format_path
+
+_PARAM_REF = re.compile(r"params\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([A-Za-z_]\w*)['\"]\s*\])")
+_EXACT_PARAM = re.compile(r"^\s*\{\{\s*params\.([A-Za-z_]\w*)\s*\}\}\s*$")
+
+
+class _Checker:
+    def __init__(self, data: dict[str, Any], file: str, positions: Positions) -> None:
+        self.data = data
+        self.file = file
+        self.positions = positions
+        self.issues: list[SpecIssue] = []
+
+    def add(self, path: Path, problem: str, accepted: str, *, key: bool = False) -> None:
+        line, col = self.positions.of_key(path) if key else self.positions.of_value(path)
+        self.issues.append(SpecIssue(self.file, line, col, format_path(path), problem, accepted))
+
+    def steps(self) -> list[tuple[int, dict[str, Any]]]:
+        steps = self.data.get("steps")
+        if not isinstance(steps, list):
+            return []
+        return [(i, s) for i, s in enumerate(steps) if isinstance(s, dict)]
+
+    def check_graph(self) -> None:
+        names: dict[str, int] = {}
+        for index, step in self.steps():
+            name = step.get("name")
+            if not isinstance(name, str):
+                continue
+            if name in names:
+                self.add(
+                    ("steps", index, "name"),
+                    f"duplicate step name '{name}' (also steps[{names[name]}])",
+                    "unique step names",
+                )
+            else:
+                names[name] = index
+        graph: dict[str, list[str]] = {}
+        for index, step in self.steps():
+            name = step.get("name")
+            needs = step.get("needs", [])
+            if not isinstance(name, str) or not isinstance(needs, list):
+                continue
+            graph.setdefault(name, [])
+            for position, need in enumerate(needs):
+                if not isinstance(need, str):
+                    continue
+                path: Path = ("steps", index, "needs", position)
+                if need == name:
+                    self.add(path, f"step '{name}' needs itself", "names of other steps")
+                elif need not in names:
+                    hint = did_you_mean(need, names)
+                    self.add(path, f"unknown step '{need}'", f"{hint}steps are: {', '.join(names)}")
+                else:
+                    graph[name].append(need)
+        self._check_cycles(graph, names)
+
+    def _check_cycles(self, graph: dict[str, list[str]], names: dict[str, int]) -> None:
+        state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+        reported: set[frozenset[str]] = set()
+
+        def visit(node: str, trail: list[str]) -> None:
+            state[node] = 1
+            trail.append(node)
+            for need in graph.get(node, []):
+                if state.get(need) == 1:
+                    cycle = [*trail[trail.index(need) :], need]
+                    key = frozenset(cycle)
+                    if key not in reported:
+                        reported.add(key)
+                        first = cycle[0]
+                        self.add(
+                            ("steps", names[first], "needs"),
+                            "dependency cycle: " + " -> ".join(reversed(cycle)),
+                            "steps must form a DAG; remove one of these needs",
+                        )
+                elif state.get(need) is None:
+                    visit(need, trail)
+            trail.pop()
+            state[node] = 2
+
+        for node in graph:
+            if node not in state:
+                visit(node, [])
+
+    def check_param_refs(self) -> None:
+        params = self.data.get("params")
+        declared = set(params) if isinstance(params, dict) else set()
+        for index, step in self.steps():
+            self._walk_strings(step, ("steps", index), declared)
+
+    def _walk_strings(self, value: Any, path: Path, declared: set[str]) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                self._walk_strings(item, (*path, key), declared)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                self._walk_strings(item, (*path, index), declared)
+        elif isinstance(value, str) and "{{" in value:
+            for match in _PARAM_REF.finditer(value):
+                name = match.group(1) or match.group(2)
+                if name not in declared:
+                    hint = did_you_mean(name, declared)
+                    known = ", ".join(sorted(declared)) or "none declared"
+                    self.add(
+                        path,
+                        f"template refers to undeclared param '{name}'",
+                        f"{hint}declared params: {known}",
+                    )
+
+    def resolve_default(self, value: Any) -> Any:
+        """A templated field's value at the param's default, or None if not resolvable."""
+        if isinstance(value, int):
+            return value
+        match = _EXACT_PARAM.match(value) if isinstance(value, str) else None
+        params = self.data.get("params")
+        if match and isinstance(params, dict):
+            spec = params.get(match.group(1))
+            if isinstance(spec, dict) and isinstance(spec.get("default"), int):
+                return spec["default"]
+        return None
+
+    def check_gang_fit(self, inventory: Inventory) -> None:
+        for index, step in self.steps():
+            block = step.get("gang_training")
+            if not isinstance(block, dict):
+                continue
+            try:
+                gang = GangTraining.model_validate(block)
+            except ValidationError:
+                continue  # reported by the model validation
+            workers = self.resolve_default(gang.workers)
+            per_worker = self.resolve_default(gang.devices_per_worker)
+            if not isinstance(workers, int) or not isinstance(per_worker, int):
+                continue
+            device_class = gang.device.device_class
+            model = gang.device.model
+            fit = inventory.max_gang_workers(device_class, model, per_worker)
+            if workers <= fit:
+                continue
+            label = device_class if model is None else f"{model} {device_class}"
+            self.add(
+                ("steps", index, "gang_training", "workers"),
+                f"{workers} workers x {per_worker} {label} can never be placed on cluster "
+                f"'{inventory.name}' ({inventory.describe(device_class, model)}; "
+                f"room for at most {fit} such workers)",
+                f"workers <= {fit}, fewer devices_per_worker, or a larger cluster",
+            )
+
+
+def cross_step_issues(
+    data: Any, file: str, positions: Positions, inventory: Inventory | None
+) -> list[SpecIssue]:
+    if not isinstance(data, dict):
+        return []
+    checker = _Checker(data, file, positions)
+    checker.check_graph()
+    checker.check_param_refs()
+    if inventory is not None:
+        checker.check_gang_fit(inventory)
+    return checker.issues

@@ -1,0 +1,89 @@
+"""Read spec files: YAML text -> validated, frozen model, or every problem at once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from tideflow.inventory import ClusterSpec, Inventory
+from tideflow.spec.checks import cross_step_issues
+from tideflow.spec.errors import SpecError, SpecIssue
+from tideflow.spec.models import PipelineSpec
+from tideflow.spec.report import issues_from_validation
+from tideflow.spec.yamlpos import load_yaml
+
+M = TypeVar("M", bound=BaseModel)
+PIPELINE_SUFFIXES = (".yaml", ".yml")
+
+
+def display_path(path: Path) -> str:
+    """Paths relative to the working directory when inside it: shorter and clickable."""
+    try:
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else str(path)
+    except ValueError:
+        return str(path)
+
+
+def _read(path: Path) -> tuple[str | None, list[SpecIssue]]:
+    shown = display_path(path)
+    try:
+        return path.read_text(encoding="utf-8"), []
+    except FileNotFoundError:
+        return None, [SpecIssue(shown, 1, 1, "", "file not found", "an existing YAML file")]
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [SpecIssue(shown, 1, 1, "", f"cannot read file: {exc}", "a UTF-8 text file")]
+
+
+def parse_model(text: str, file: str, model: type[M], inventory: Inventory | None = None) -> M:
+    """Validate ``text`` as ``model``; raise ``SpecError`` with all problems found."""
+    loaded = load_yaml(text, file)
+    issues = list(loaded.issues)
+    if loaded.data is None and not issues:
+        issues.append(
+            SpecIssue(file, 1, 1, "", "the file is empty", f"a {model.__name__} document")
+        )
+    if issues and loaded.data is None:
+        raise SpecError(file, issues)
+    result: M | None = None
+    try:
+        result = model.model_validate(loaded.data)
+    except ValidationError as exc:
+        issues.extend(issues_from_validation(exc, model, file, loaded.positions))
+    if model is PipelineSpec:
+        issues.extend(cross_step_issues(loaded.data, file, loaded.positions, inventory))
+    if issues or result is None:
+        raise SpecError(file, issues)
+    return result
+
+
+def load_pipeline(path: str | os.PathLike[str], inventory: Inventory | None = None) -> PipelineSpec:
+    """Load and validate a pipeline file; ``inventory`` enables the gang-fit check."""
+    file = Path(path)
+    text, issues = _read(file)
+    if text is None:
+        raise SpecError(display_path(file), issues)
+    return parse_model(text, display_path(file), PipelineSpec, inventory)
+
+
+def load_cluster(path: str | os.PathLike[str]) -> Inventory:
+    file = Path(path)
+    text, issues = _read(file)
+    if text is None:
+        raise SpecError(display_path(file), issues)
+    return Inventory.from_spec(parse_model(text, display_path(file), ClusterSpec))
+
+
+def find_pipelines(directory: str | os.PathLike[str]) -> list[Path]:
+    """Pipeline files under ``directory``, sorted; files starting with '_' or '.' are skipped."""
+    root = Path(directory)
+    found = [
+        p
+        for p in root.rglob("*")
+        if p.suffix in PIPELINE_SUFFIXES
+        and p.is_file()
+        and not any(part.startswith(("_", ".")) for part in p.relative_to(root).parts)
+    ]
+    return sorted(found)

@@ -1,0 +1,302 @@
+"""Pipeline spec v1: the typed, frozen form of a ``pipelines/*.yaml`` file.
+
+Models only describe shape and per-field rules. Rules that span fields of
+different steps (``needs`` that exist, no cycles, unique names, params that
+templates refer to, gangs that fit the cluster) live in ``tideflow.spec.checks``
+so that they can run even when some step fails its own validation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tideflow.spec.fields import (
+    CpuQuantity,
+    DurationSeconds,
+    EntryPoint,
+    MemoryQuantity,
+    Name,
+    fail,
+    templated_float,
+    templated_int,
+)
+
+API_VERSION = "tideflow/v1"
+STEP_KINDS = ("data_prep", "gang_training", "evaluation", "promote_checkpoint")
+AIRFLOW_PRESETS = (
+    "@once",
+    "@continuous",
+    "@hourly",
+    "@daily",
+    "@weekly",
+    "@monthly",
+    "@quarterly",
+    "@yearly",
+)
+EVALUATION_DEVICES = ("npu", "gpu-spare", "gpu", "cpu")
+
+
+class SpecModel(BaseModel):
+    """Base for every spec model: immutable, and unknown keys are errors, not ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Metadata(SpecModel):
+    name: Name = Field(description="Pipeline name; also the Airflow DAG id.")
+    team: Name = Field(description="Owning team; used for queues, quotas and accounting.")
+    description: str = ""
+    owners: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    schedule: str | None = Field(
+        default=None,
+        description="Cron expression (5 fields), an Airflow preset such as '@daily', "
+        "or null for manual runs only.",
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _valid_schedule(cls, value: str | None) -> str | None:
+        if value is None or value in AIRFLOW_PRESETS:
+            return value
+        if len(value.split()) != 5 or not croniter.is_valid(value):
+            raise fail(
+                f"'{value}' is not a valid cron expression",
+                "five fields 'minute hour day-of-month month day-of-week' such as "
+                f"'0 2 * * *', one of {', '.join(AIRFLOW_PRESETS)}, or null",
+            )
+        return value
+
+
+ParamType = Literal["string", "int", "float", "bool", "enum"]
+
+
+class ParamSpec(SpecModel):
+    """A run parameter; becomes an Airflow ``Param`` and so a field of the trigger form."""
+
+    type: ParamType
+    default: Any = Field(description="Value used when the run does not set the parameter.")
+    description: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    values: tuple[str | int | float, ...] | None = Field(
+        default=None, description="The choices of an 'enum' parameter."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ParamSpec:
+        numeric = self.type in ("int", "float")
+        if not numeric and (self.minimum is not None or self.maximum is not None):
+            raise fail(
+                f"minimum/maximum do not apply to a '{self.type}' parameter",
+                "bounds only on 'int' or 'float' parameters",
+            )
+        if self.type == "enum" and not self.values:
+            raise fail("an 'enum' parameter needs 'values'", "values: [choice-a, choice-b, ...]")
+        if self.type != "enum" and self.values is not None:
+            raise fail(
+                f"'values' does not apply to a '{self.type}' parameter",
+                "'values' only on 'enum' parameters",
+            )
+        self._check_default()
+        return self
+
+    def _check_default(self) -> None:
+        value = self.default
+        expected: dict[str, tuple[type, ...]] = {
+            "string": (str,),
+            "int": (int,),
+            "float": (int, float),
+            "bool": (bool,),
+        }
+        if self.type == "enum":
+            if value not in (self.values or ()):
+                raise fail(
+                    f"default {value!r} is not one of the values",
+                    f"one of {list(self.values or ())}",
+                )
+            return
+        if isinstance(value, bool) and self.type != "bool":
+            raise fail(f"default {value!r} is not a {self.type}", f"a {self.type} value")
+        if not isinstance(value, expected[self.type]):
+            raise fail(f"default {value!r} is not a {self.type}", f"a {self.type} value")
+        if not isinstance(value, (int, float)):
+            return
+        if self.minimum is not None and value < self.minimum:
+            raise fail(
+                f"default {value} is below minimum {self.minimum}", f"a default >= {self.minimum}"
+            )
+        if self.maximum is not None and value > self.maximum:
+            raise fail(
+                f"default {value} is above maximum {self.maximum}", f"a default <= {self.maximum}"
+            )
+
+
+class Resources(SpecModel):
+    cpu: CpuQuantity = "1"
+    memory: MemoryQuantity = "1Gi"
+
+
+class StepBody(SpecModel):
+    """Fields every runnable step kind shares."""
+
+    entrypoint: EntryPoint = Field(
+        description="'package.module:function' or a command as a list of strings."
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the entry point; values may use "
+        "'{{ params.NAME }}' templates.",
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class DataPrep(StepBody):
+    resources: Resources = Resources()
+    pool: str = Field(default="tideflow-cpu", description="Airflow pool the task runs in.")
+    outputs: tuple[str, ...] = Field(
+        default=(),
+        description="Names of the outputs (paths or URIs) the entry point returns; "
+        "downstream steps read them from XCom.",
+    )
+
+
+DeviceClass = Literal["cpu", "gpu", "npu"]
+
+
+class Device(SpecModel):
+    device_class: DeviceClass = Field(alias="class")
+    model: str | None = Field(default=None, description="e.g. H100, A100, Ascend910")
+
+    @model_validator(mode="after")
+    def _model_only_for_accelerators(self) -> Device:
+        if self.device_class == "cpu" and self.model is not None:
+            raise fail("a 'cpu' device has no model", "omit 'model', or use class gpu/npu")
+        return self
+
+
+class KeepBest(SpecModel):
+    metric: str
+    mode: Literal["max", "min"] = "max"
+
+
+class CheckpointPolicy(SpecModel):
+    store: str | None = Field(
+        default=None,
+        description="file:// or s3:// URI; defaults to the platform's artifact root.",
+    )
+    every_steps: templated_int(ge=1) | None = None  # type: ignore[valid-type]
+    every_seconds: DurationSeconds | None = None
+    keep_last: templated_int(ge=1) = 3  # type: ignore[valid-type]
+    keep_best: KeepBest | None = None
+
+    @field_validator("store")
+    @classmethod
+    def _store_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("s3://", "file://", "{{")):
+            raise fail(
+                f"'{value}' is not a supported store URI",
+                "an 's3://bucket/prefix' or 'file:///path' URI",
+            )
+        return value
+
+
+class GangTraining(StepBody):
+    workers: templated_int(ge=1, le=4096)  # type: ignore[valid-type]
+    min_workers: templated_int(ge=1, le=4096) | None = Field(  # type: ignore[valid-type]
+        default=None, description="Elastic lower bound; defaults to 'workers'."
+    )
+    devices_per_worker: templated_int(ge=1, le=64) = 1  # type: ignore[valid-type]
+    device: Device = Device(**{"class": "cpu"})
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
+    max_restarts: templated_int(ge=0, le=100) = 3  # type: ignore[valid-type]
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    preemptible: bool = True
+
+    @model_validator(mode="after")
+    def _elastic_bounds(self) -> GangTraining:
+        if (
+            isinstance(self.min_workers, int)
+            and isinstance(self.workers, int)
+            and self.min_workers > self.workers
+        ):
+            raise fail(
+                f"min_workers {self.min_workers} is larger than workers {self.workers}",
+                f"min_workers between 1 and {self.workers}",
+            )
+        return self
+
+
+class Evaluation(StepBody):
+    devices: tuple[Literal["npu", "gpu-spare", "gpu", "cpu"], ...] = Field(
+        default=("npu", "gpu-spare", "cpu"),
+        min_length=1,
+        description="Device classes in order of preference.",
+    )
+    metrics: tuple[str, ...] = Field(min_length=1)
+
+
+class Threshold(SpecModel):
+    min: templated_float() | None = None  # type: ignore[valid-type]
+    max: templated_float() | None = None  # type: ignore[valid-type]
+
+
+class Gate(SpecModel):
+    metric: str = Field(description="Metric compared with the current champion.")
+    mode: Literal["max", "min"] = "max"
+    min_delta: templated_float(ge=0) = 0.0  # type: ignore[valid-type]
+    thresholds: dict[str, Threshold] = Field(default_factory=dict)
+
+
+class PromoteCheckpoint(SpecModel):
+    model: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="Registered model name in the MLflow Model Registry.",
+    )
+    alias: str = Field(default="champion", pattern=r"^[a-z][a-z0-9_-]{0,62}$")
+    gate: Gate
+
+
+class Step(SpecModel):
+    name: Name
+    needs: tuple[str, ...] = ()
+    retries: int = Field(default=0, ge=0, le=20)
+    timeout: DurationSeconds | None = None
+    data_prep: DataPrep | None = None
+    gang_training: GangTraining | None = None
+    evaluation: Evaluation | None = None
+    promote_checkpoint: PromoteCheckpoint | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> Step:
+        present = [kind for kind in STEP_KINDS if getattr(self, kind) is not None]
+        if len(present) != 1:
+            what = "no step kind" if not present else f"several kinds ({', '.join(present)})"
+            raise fail(f"step '{self.name}' has {what}", f"exactly one of {', '.join(STEP_KINDS)}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in STEP_KINDS if getattr(self, kind) is not None)
+
+    @property
+    def body(self) -> DataPrep | GangTraining | Evaluation | PromoteCheckpoint:
+        body = getattr(self, self.kind)
+        assert body is not None
+        return body  # type: ignore[no-any-return]
+
+
+class PipelineSpec(SpecModel):
+    api_version: Literal["tideflow/v1"] = Field(alias="apiVersion")
+    kind: Literal["Pipeline"]
+    metadata: Metadata
+    params: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], ParamSpec] = Field(
+        default_factory=dict
+    )
+    steps: tuple[Step, ...] = Field(min_length=1)
+
+    def step(self, name: str) -> Step:
+        return next(step for step in self.steps if step.name == name)

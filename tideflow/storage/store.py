@@ -1,0 +1,177 @@
+"""Artifact and checkpoint stores addressed by URI: ``file:///dir`` or ``s3://bucket/prefix``.
+
+boto3 reads the S3 endpoint and credentials from its usual sources
+(``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, instance roles, IRSA), so
+S3-compatible servers need no code here. boto3 is imported only when an S3
+store is used: DAG parsing never pays for it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from tideflow.storage.keys import check_key
+
+
+class Store(Protocol):
+    uri: str
+
+    def url(self, key: str) -> str: ...
+    def put_bytes(self, key: str, data: bytes) -> str: ...
+    def put_file(self, key: str, path: Path) -> str: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def get_file(self, key: str, path: Path) -> None: ...
+    def exists(self, key: str) -> bool: ...
+    def list(self, prefix: str = "") -> list[str]: ...
+    def delete(self, key: str) -> None: ...
+
+
+class FileStore:
+    """A directory; writes go to a temporary file first and are renamed into place."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.uri = root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def url(self, key: str) -> str:
+        return self._path(key).as_uri()
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return self.url(key)
+
+    def put_file(self, key: str, path: Path) -> str:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        os.close(fd)
+        try:
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return self.url(key)
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def get_file(self, key: str, path: Path) -> None:
+        shutil.copyfile(self._path(key), path)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self.root / check_key(prefix.rstrip("/")) if prefix else self.root
+        if not base.exists():
+            return []
+        return sorted(
+            p.relative_to(self.root).as_posix()
+            for p in base.rglob("*")
+            if p.is_file() and not p.name.startswith(".")
+        )
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+
+class S3Store:
+    """A bucket and prefix; large files go through boto3's managed (multipart) transfer."""
+
+    def __init__(self, bucket: str, prefix: str, client: Any | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+
+            self._client = boto3.client("s3")
+        return self._client
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        return self.url(key)
+
+    def put_file(self, key: str, path: Path) -> str:
+        self.client.upload_file(str(path), self.bucket, self._key(key))
+        return self.url(key)
+
+    def get_bytes(self, key: str) -> bytes:
+        body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        return bytes(body.read())
+
+    def get_file(self, key: str, path: Path) -> None:
+        self.client.download_file(self.bucket, self._key(key), str(path))
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
+    def list(self, prefix: str = "") -> list[str]:
+        full = (
+            self._key(prefix.rstrip("/")) + "/"
+            if prefix
+            else (f"{self.prefix}/" if self.prefix else "")
+        )
+        keys: list[str] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            for item in page.get("Contents", []):
+                key = str(item["Key"])
+                keys.append(key[len(self.prefix) + 1 :] if self.prefix else key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+def open_store(uri: str) -> Store:
+    """``file:///abs/dir`` or ``s3://bucket/prefix`` -> a store rooted there."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"store URI {uri!r}: file URIs take no host; use file:///abs/path")
+        return FileStore(Path(parsed.path))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"store URI {uri!r} has no bucket; use s3://bucket/prefix")
+        return S3Store(parsed.netloc, parsed.path)
+    raise ValueError(f"store URI {uri!r}: unsupported scheme; accepted: file:// or s3://")
