@@ -158,3 +158,19 @@ def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
         params={name: _param_plan(p) for name, p in spec.params.items()},
         tasks=tuple(tasks),
     )
+
+
+def topological_order(plan: DagPlan) -> list[TaskPlan]:
+    """Tasks in an order that respects ``upstream``; ties keep the file's order."""
+    done: set[str] = set()
+    ordered: list[TaskPlan] = []
+    pending = list(plan.tasks)
+    while pending:
+        ready = [t for t in pending if set(t.upstream) <= done]
+        if not ready:
+            raise ValueError("dependency cycle in plan")  # the spec checks prevent this
+        for task in ready:
+            ordered.append(task)
+            done.add(task.task_id)
+            pending.remove(task)
+    return ordered

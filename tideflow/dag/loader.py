@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,8 +136,8 @@ def register(namespace: dict[str, Any]) -> LoadResult:
             report_errors({settings.cluster_file: exc})
             return LoadResult()
     pipelines_dir = settings.pipelines_dir
-    if not pipelines_dir.is_dir():
-        log.error("tideflow: TIDEFLOW_PIPELINES_DIR %s is not a directory", pipelines_dir)
+    if not pipelines_dir.exists():
+        log.error("tideflow: TIDEFLOW_PIPELINES_DIR %s does not exist", pipelines_dir)
         return LoadResult()
     result = load_dags(pipelines_dir, inventory)
     for dag_id, dag in result.dags.items():
@@ -147,5 +146,15 @@ def register(namespace: dict[str, Any]) -> LoadResult:
     return result
 
 
-def default_pipelines_dir() -> str:
-    return os.environ.get("TIDEFLOW_PIPELINES_DIR", "pipelines")
+# The text of dags/tideflow_pipelines.py; ``tideflow run`` writes the same file
+# into its private DAG folder, and a test keeps the two identical.
+LOADER_SOURCE = '''"""Airflow DAG file: one DAG per pipeline under $TIDEFLOW_PIPELINES_DIR (default: pipelines/).
+
+Kept thin on purpose: it imports no torch, mlflow or boto3 and touches no network.
+A broken pipeline file shows as an Airflow import error naming that file and line.
+"""
+
+from tideflow.dag.loader import register
+
+register(globals())
+'''

@@ -77,8 +77,13 @@ def load_cluster(path: str | os.PathLike[str]) -> Inventory:
 
 
 def find_pipelines(directory: str | os.PathLike[str]) -> list[Path]:
-    """Pipeline files under ``directory``, sorted; files starting with '_' or '.' are skipped."""
+    """Pipeline files under ``directory``, sorted; files starting with '_' or '.' are skipped.
+
+    ``directory`` may also be a single pipeline file.
+    """
     root = Path(directory)
+    if root.is_file():
+        return [root]
     found = [
         p
         for p in root.rglob("*")

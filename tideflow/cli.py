@@ -1,0 +1,216 @@
+"""``tideflow`` command line: validate, schema, plan, run, pools.
+
+Errors in user input are printed as ``file:line:col: field: problem; accepted``
+and never as a Python traceback. Exit codes: 0 success, 1 invalid input or a
+failed pipeline run, 2 usage errors (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tideflow import __version__
+from tideflow.compile.dag_plan import compile_dag_plan, topological_order
+from tideflow.config import Settings
+from tideflow.inventory import Inventory, detect_local
+from tideflow.spec import SpecError, find_pipelines, load_cluster, load_pipeline
+from tideflow.spec.params import ParamValueError, parse_param_overrides
+
+
+def _inventory(path: str | None) -> Inventory | None:
+    if path:
+        return load_cluster(path)
+    settings = Settings.from_env()
+    return load_cluster(settings.cluster_file) if settings.cluster_file else None
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    inventory = _inventory(args.cluster)
+    files: list[Path] = []
+    for raw in args.paths:
+        path = Path(raw)
+        found = find_pipelines(path) if path.is_dir() else [path]
+        if path.is_dir() and not found:
+            print(f"{raw}: no pipeline files (*.yaml, *.yml) found", file=sys.stderr)
+            return 1
+        files.extend(found)
+    failed = 0
+    for file in files:
+        try:
+            load_pipeline(file, inventory)
+        except SpecError as exc:
+            failed += 1
+            print(exc, file=sys.stderr)
+    ok = len(files) - failed
+    print(f"{ok} of {len(files)} pipeline file(s) valid", file=sys.stderr if failed else sys.stdout)
+    return 1 if failed else 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from tideflow.compile.schema import cluster_schema, pipeline_schema, render
+
+    text = render(pipeline_schema() if args.kind == "pipeline" else cluster_schema())
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _gang_summary(config: dict[str, Any], inventory: Inventory | None) -> str:
+    device = config["device"]
+    label = device["class"] + (f" {device['model']}" if device.get("model") else "")
+    text = f"{config['workers']} worker(s) x {config['devices_per_worker']} {label}"
+    if inventory is not None and isinstance(config["workers"], int):
+        per = config["devices_per_worker"]
+        if isinstance(per, int):
+            room = inventory.max_gang_workers(device["class"], device.get("model"), per)
+            text += f"; cluster '{inventory.name}' has room for {room} such worker(s)"
+    return text
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    inventory = _inventory(args.cluster)
+    spec = load_pipeline(args.pipeline, inventory)
+    plan = compile_dag_plan(spec)
+    if args.json:
+        print(json.dumps(plan.as_dict(), indent=2, sort_keys=True, default=str))
+        return 0
+    print(f"pipeline {plan.dag_id} (team {plan.team}), schedule: {plan.schedule or 'manual'}")
+    if plan.params:
+        print("params:")
+        for name, param in plan.params.items():
+            print(f"  {name}: {param.type} = {param.default!r}")
+    print("steps, in order:")
+    for index, task in enumerate(topological_order(plan), start=1):
+        needs = ", ".join(task.upstream) or "-"
+        print(f"  {index}. {task.task_id} [{task.kind}] needs: {needs}")
+        print(
+            f"     pool {task.pool} ({task.pool_slots} slot(s)), retries {task.retries}, "
+            f"timeout {task.timeout_seconds or 'none'}s"
+        )
+        config = task.config
+        if task.kind == "data_prep":
+            res = config["resources"]
+            print(f"     resources: cpu {res['cpu']}, memory {res['memory']}")
+        elif task.kind == "gang_training":
+            print(f"     gang: {_gang_summary(config, inventory)}")
+        elif task.kind == "evaluation":
+            print(f"     devices (preference): {', '.join(config['devices'])}")
+        elif task.kind == "promote_checkpoint":
+            print(f"     model {config['model']} -> alias {config['alias']}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = load_pipeline(args.pipeline)
+    conf = parse_param_overrides(spec, args.param)
+    from tideflow.dag.local_run import run_pipeline
+
+    home = (
+        Path(args.airflow_home) if args.airflow_home else Settings.from_env().home / "airflow-run"
+    )
+    state = run_pipeline(Path(args.pipeline), conf, home)
+    print(f"pipeline {spec.metadata.name}: {state}")
+    return 0 if state == "success" else 1
+
+
+def cmd_pools(args: argparse.Namespace) -> int:
+    from tideflow.compile.pools import pool_sizes
+
+    inventory = _inventory(args.cluster) or detect_local()
+    for pool, size in pool_sizes(inventory).items():
+        print(f"{pool}\t{size}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tideflow",
+        description="Declarative ML training pipelines: YAML -> Airflow DAGs.",
+    )
+    parser.add_argument("--version", action="version", version=f"tideflow {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    validate = sub.add_parser(
+        "validate",
+        help="check pipeline files; exit 1 on any error",
+        description="Validate pipeline files or directories of them. "
+        "Every problem of every file is reported as file:line:col.",
+    )
+    validate.add_argument("paths", nargs="+", metavar="PATH")
+    validate.add_argument(
+        "--cluster",
+        help="cluster inventory file for the gang-fit check (default: $TIDEFLOW_CLUSTER_FILE)",
+    )
+    validate.set_defaults(func=cmd_validate)
+
+    schema = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of pipeline files",
+        description="Print the JSON Schema (for yaml-language-server).",
+    )
+    schema.add_argument("--kind", choices=["pipeline", "cluster"], default="pipeline")
+    schema.add_argument("-o", "--output", help="write to this file instead of stdout")
+    schema.set_defaults(func=cmd_schema)
+
+    plan = sub.add_parser(
+        "plan",
+        help="show steps, order, placement and resources",
+        description="Show what the pipeline compiles to.",
+    )
+    plan.add_argument("pipeline")
+    plan.add_argument("--cluster", help="cluster inventory file (default: $TIDEFLOW_CLUSTER_FILE)")
+    plan.add_argument("--json", action="store_true", help="print the compiled plan as JSON")
+    plan.set_defaults(func=cmd_plan)
+
+    run = sub.add_parser(
+        "run",
+        help="run a pipeline once through Airflow's dag.test()",
+        description="Run the pipeline's DAG once in this process against a "
+        "private local Airflow home (no scheduler). Exit code 0 only if the "
+        "run succeeded.",
+    )
+    run.add_argument("pipeline")
+    run.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a pipeline param (repeatable)",
+    )
+    run.add_argument(
+        "--airflow-home", help="Airflow home to use (default: $TIDEFLOW_HOME/airflow-run)"
+    )
+    run.set_defaults(func=cmd_run)
+
+    pools = sub.add_parser(
+        "pools",
+        help="print Airflow pool sizes for a cluster inventory",
+        description="Pool sizes (tideflow-cpu/gpu/npu) from the inventory.",
+    )
+    pools.add_argument("--cluster", help="cluster inventory file (default: this machine)")
+    pools.set_defaults(func=cmd_pools)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except ParamValueError as exc:
+        print(f"tideflow: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Parse ``--param name=value`` pairs against a pipeline's declared params."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tideflow.spec.models import ParamSpec, PipelineSpec
+from tideflow.spec.report import did_you_mean
+
+
+class ParamValueError(ValueError):
+    """A run parameter given on the command line is unknown or has a bad value."""
+
+
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+
+
+def _coerce(name: str, spec: ParamSpec, text: str) -> Any:
+    try:
+        if spec.type == "int":
+            value: Any = int(text)
+        elif spec.type == "float":
+            value = float(text)
+        elif spec.type == "bool":
+            if text.lower() not in _TRUE | _FALSE:
+                raise ValueError
+            value = text.lower() in _TRUE
+        elif spec.type == "enum":
+            choices = {str(v): v for v in spec.values or ()}
+            if text not in choices:
+                raise ParamValueError(
+                    f"param '{name}': {text!r} is not accepted; one of {sorted(choices)}"
+                )
+            value = choices[text]
+        else:
+            value = text
+    except ValueError as exc:
+        if isinstance(exc, ParamValueError):
+            raise
+        raise ParamValueError(f"param '{name}': {text!r} is not a valid {spec.type}") from None
+    if spec.minimum is not None and value < spec.minimum:
+        raise ParamValueError(f"param '{name}': {value} is below its minimum {spec.minimum}")
+    if spec.maximum is not None and value > spec.maximum:
+        raise ParamValueError(f"param '{name}': {value} is above its maximum {spec.maximum}")
+    return value
+
+
+def parse_param_overrides(spec: PipelineSpec, pairs: list[str]) -> dict[str, Any]:
+    """``["lr=0.1", "epochs=3"]`` -> ``{"lr": 0.1, "epochs": 3}``, typed and bounds-checked."""
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep:
+            raise ParamValueError(f"--param {pair!r}: expected NAME=VALUE")
+        if name not in spec.params:
+            hint = did_you_mean(name, spec.params)
+            known = ", ".join(spec.params) or "none"
+            raise ParamValueError(f"unknown param '{name}'; {hint}declared params: {known}")
+        values[name] = _coerce(name, spec.params[name], text)
+    return values
