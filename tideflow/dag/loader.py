@@ -148,10 +148,11 @@ def register(namespace: dict[str, Any]) -> LoadResult:
 
 # The text of dags/tideflow_pipelines.py; ``tideflow run`` writes the same file
 # into its private DAG folder, and a test keeps the two identical.
-LOADER_SOURCE = '''"""Airflow DAG file: one DAG per pipeline under $TIDEFLOW_PIPELINES_DIR (default: pipelines/).
+LOADER_SOURCE = '''"""Airflow DAG file: one DAG per pipeline file under $TIDEFLOW_PIPELINES_DIR.
 
-Kept thin on purpose: it imports no torch, mlflow or boto3 and touches no network.
-A broken pipeline file shows as an Airflow import error naming that file and line.
+The directory defaults to pipelines/. This file stays thin on purpose: it
+imports no torch, mlflow or boto3 and touches no network. A broken pipeline
+file shows as an Airflow import error naming that file and line.
 """
 
 from tideflow.dag.loader import register

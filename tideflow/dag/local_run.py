@@ -38,7 +38,11 @@ def prepare_home(home: Path) -> None:
         airflow = Path(sys.executable).with_name("airflow")
         command = [str(airflow)] if airflow.exists() else [sys.executable, "-m", "airflow"]
         done = subprocess.run(
-            [*command, "db", "migrate"], env={**os.environ}, capture_output=True, text=True
+            [*command, "db", "migrate"],
+            env={**os.environ},
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if done.returncode != 0:
             raise RuntimeError(f"airflow db migrate failed:\n{done.stdout}\n{done.stderr}")
