@@ -7,15 +7,17 @@ other field of the same step is also wrong.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tideflow.inventory import Inventory
 from tideflow.spec.errors import SpecIssue
 from tideflow.spec.models import GangTraining
 from tideflow.spec.report import did_you_mean
 from tideflow.spec.yamlpos import Path, Positions, format_path
+
+if TYPE_CHECKING:
+    from tideflow.inventory import Inventory
 
 _PARAM_REF = re.compile(r"params\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([A-Za-z_]\w*)['\"]\s*\])")
 _EXACT_PARAM = re.compile(r"^\s*\{\{\s*params\.([A-Za-z_]\w*)\s*\}\}\s*$")

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from tideflow.inventory import ClusterSpec, Inventory
 from tideflow.spec.checks import cross_step_issues
 from tideflow.spec.errors import SpecError, SpecIssue
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.report import issues_from_validation
 from tideflow.spec.yamlpos import load_yaml
+
+if TYPE_CHECKING:  # the inventory module builds on the spec package, not the reverse
+    from tideflow.inventory import Inventory
 
 M = TypeVar("M", bound=BaseModel)
 PIPELINE_SUFFIXES = (".yaml", ".yml")
@@ -69,6 +71,8 @@ def load_pipeline(path: str | os.PathLike[str], inventory: Inventory | None = No
 
 
 def load_cluster(path: str | os.PathLike[str]) -> Inventory:
+    from tideflow.inventory import ClusterSpec, Inventory
+
     file = Path(path)
     text, issues = _read(file)
     if text is None:

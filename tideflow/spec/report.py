@@ -101,8 +101,16 @@ def issues_from_validation(
     exc: ValidationError, root: type[BaseModel], file: str, positions: Positions
 ) -> list[SpecIssue]:
     issues = []
-    for error in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False)
+    item_locs = [tuple(e["loc"]) for e in errors]
+    for error in errors:
         loc: Path = tuple(error["loc"])
+        # pydantic counts only the items that validated, so one bad item in a
+        # required list also reports the list as too short: noise, not a problem.
+        if error["type"] == "too_short" and any(
+            len(other) > len(loc) and other[: len(loc)] == loc for other in item_locs
+        ):
+            continue
         if loc and loc[-1] == "[key]":
             loc = loc[:-1]
             line, col = positions.of_key(loc)

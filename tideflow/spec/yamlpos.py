@@ -122,7 +122,10 @@ def load_yaml(text: str, file: str) -> LoadedYaml:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        problem = " ".join(part for part in (exc.context, exc.problem) if part)
+        context = exc.context or ""
+        if context and exc.context_mark is not None:
+            context += f" started at {exc.context_mark.line + 1}:{exc.context_mark.column + 1},"
+        problem = " ".join(part for part in (context, exc.problem) if part)
         issue = SpecIssue(
             file,
             line,

@@ -1,0 +1,55 @@
+"""Shared test setup.
+
+Airflow reads its configuration when first imported, so the environment of a
+private, throw-away Airflow home is set here, at import time, before any test
+module imports Airflow. Nothing in the developer's own Airflow home is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+_SCRATCH = Path(tempfile.mkdtemp(prefix="tideflow-tests-"))
+
+os.environ.update({
+    "AIRFLOW_HOME": str(_SCRATCH / "airflow"),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(_SCRATCH / "airflow" / "dags"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+    "TIDEFLOW_HOME": str(_SCRATCH / "tideflow"),
+    "TIDEFLOW_ARTIFACT_ROOT": (_SCRATCH / "artifacts").as_uri(),
+    "TIDEFLOW_PIPELINES_DIR": str(REPO / "pipelines"),
+})
+os.environ.pop("TIDEFLOW_CLUSTER_FILE", None)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_SCRATCH, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Iterator[Path]:
+    """A migrated SQLite metadata DB and the tideflow loader in the DAG folder."""
+    from tideflow.dag.local_run import prepare_home
+
+    home = Path(os.environ["AIRFLOW_HOME"])
+    prepare_home(home)
+    yield home
+
+
+@pytest.fixture
+def artifact_root() -> Path:
+    return Path(os.environ["TIDEFLOW_ARTIFACT_ROOT"].removeprefix("file://"))

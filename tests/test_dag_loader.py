@@ -1,0 +1,100 @@
+"""The DAG loader through Airflow's real DagBag (no scheduler, no database)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dag_summary import summarize
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("TIDEFLOW_UPDATE_GOLDEN") == "1"
+
+
+def dagbag(repo: Path):  # type: ignore[no-untyped-def]
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(repo / "dags" / "tideflow_pipelines.py"))
+
+
+def test_pipelines_dir_loads_without_import_errors(repo: Path) -> None:
+    bag = dagbag(repo)
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == ["digits"]
+
+
+def test_broken_pipeline_does_not_hide_the_others(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copy(repo / "pipelines" / "digits.yaml", tmp_path / "digits.yaml")
+    shutil.copy(Path(__file__).parent / "data" / "pipelines" / "full.yaml", tmp_path)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata: {name: broken, team: x}\n"
+        "steps:\n  - name: a\n    data_prep: {entrypoint: 'm:f', workerz: 2}\n"
+    )
+    monkeypatch.setenv("TIDEFLOW_PIPELINES_DIR", str(tmp_path))
+    bag = dagbag(repo)
+    assert sorted(bag.dag_ids) == ["digits", "full"]
+    assert list(bag.import_errors) == [str(broken)]
+    message = bag.import_errors[str(broken)]
+    assert f"{broken}:6:36: steps[0].data_prep.workerz: unknown field 'workerz'" in message
+
+
+def test_duplicate_pipeline_names_are_an_import_error(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copy(repo / "pipelines" / "digits.yaml", tmp_path / "a.yaml")
+    shutil.copy(repo / "pipelines" / "digits.yaml", tmp_path / "b.yaml")
+    monkeypatch.setenv("TIDEFLOW_PIPELINES_DIR", str(tmp_path))
+    bag = dagbag(repo)
+    assert bag.dag_ids == ["digits"]
+    assert "pipeline name 'digits' is already used by" in bag.import_errors[str(tmp_path / "b.yaml")]
+
+
+def test_parsing_imports_no_heavy_libraries_and_no_network(repo: Path) -> None:
+    probe = (
+        "import socket, sys\n"
+        "def refuse(*a, **k): raise AssertionError('network touched during parsing')\n"
+        "socket.socket.connect = refuse\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(repo / 'dags' / 'tideflow_pipelines.py')!r})\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "heavy = [m for m in ('torch', 'mlflow', 'boto3', 'botocore', 'sklearn', 'hera')"
+        " if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=os.environ.copy(), timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "HEAVY=\n" in done.stdout
+
+
+def test_dag_file_is_the_shipped_loader(repo: Path) -> None:
+    from tideflow.dag.loader import LOADER_SOURCE
+
+    assert (repo / "dags" / "tideflow_pipelines.py").read_text() == LOADER_SOURCE
+
+
+@pytest.mark.parametrize("pipeline", ["pipelines/digits.yaml", "tests/data/pipelines/full.yaml"])
+def test_compiled_dag_matches_golden(repo: Path, pipeline: str) -> None:
+    from tideflow.compile.dag_plan import compile_dag_plan
+    from tideflow.dag.builder import build_dag
+    from tideflow.spec import load_pipeline
+
+    dag = build_dag(compile_dag_plan(load_pipeline(repo / pipeline)))
+    summary = json.dumps(summarize(dag), indent=2, sort_keys=True) + "\n"
+    golden = GOLDEN / f"{Path(pipeline).stem}.dag.json"
+    if UPDATE:
+        golden.write_text(summary)
+    assert golden.exists(), f"missing {golden}; run with TIDEFLOW_UPDATE_GOLDEN=1 once"
+    assert summary == golden.read_text(), (
+        f"compiled DAG differs from {golden}; if the change is intended, regenerate with "
+        "TIDEFLOW_UPDATE_GOLDEN=1 and review the diff"
+    )
