@@ -1,0 +1,127 @@
+"""The ``tideflow`` command line, run as a user runs it (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tideflow.cli import build_parser
+
+
+def tideflow(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tideflow.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300, check=False)
+
+
+BROKEN = """\
+apiVersion: tideflow/v1
+kind: Pipeline
+metadata: {name: Broken, team: x}
+steps:
+  - name: a
+    needs: [b]
+    data_prep: {entrypoint: "m:f", workerz: 1}
+"""
+
+
+def test_validate_clean_directory_exits_zero(repo: Path) -> None:
+    done = tideflow("validate", str(repo / "pipelines"))
+    assert done.returncode == 0, done.stderr
+    assert "1 of 1 pipeline file(s) valid" in done.stdout
+
+
+def test_validate_reports_every_error_and_exits_one(tmp_path: Path) -> None:
+    (tmp_path / "broken.yaml").write_text(BROKEN)
+    done = tideflow("validate", "broken.yaml", cwd=tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert lines[0] == "broken.yaml: 3 problems"
+    assert lines[1].startswith("broken.yaml:3:18: metadata.name: 'Broken' is not a valid name")
+    assert lines[2].startswith("broken.yaml:6:13: steps[0].needs[0]: unknown step 'b'")
+    assert lines[3].startswith("broken.yaml:7:36: steps[0].data_prep.workerz: unknown field")
+    assert "Traceback" not in done.stderr
+
+
+def test_validate_with_cluster_file_checks_gang_fit(tmp_path: Path) -> None:
+    (tmp_path / "cluster.yaml").write_text(
+        "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: two-nodes}\nnodes:\n"
+        "  - {name: n, count: 2, cpu: 32, accelerators: {class: gpu, model: H100, count: 8}}\n"
+    )
+    (tmp_path / "big.yaml").write_text(
+        "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata: {name: big, team: x}\nsteps:\n"
+        "  - name: train\n    gang_training:\n      entrypoint: m:f\n      workers: 3\n"
+        "      devices_per_worker: 8\n      device: {class: gpu, model: H100}\n"
+    )
+    done = tideflow("validate", "big.yaml", "--cluster", "cluster.yaml", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "big.yaml:8:16: steps[0].gang_training.workers: 3 workers x 8 H100 gpu can never" \
+        in done.stderr
+    assert tideflow("validate", "big.yaml", cwd=tmp_path).returncode == 0  # no inventory given
+
+
+def test_bad_cluster_file_is_reported_with_location(tmp_path: Path, repo: Path) -> None:
+    (tmp_path / "cluster.yaml").write_text(
+        "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: c}\nnodes:\n"
+        "  - {name: n, cpu: 0}\n"
+    )
+    done = tideflow("validate", str(repo / "pipelines"), "--cluster", "cluster.yaml",
+                    cwd=tmp_path)
+    assert done.returncode == 1
+    assert "cluster.yaml:5:20: nodes[0].cpu: 0 is out of range; a value >= 1" in done.stderr
+
+
+def test_schema_command_matches_shipped_schema(repo: Path) -> None:
+    done = tideflow("schema")
+    assert done.returncode == 0
+    shipped = (repo / "pipelines" / "schema.json").read_text()
+    assert done.stdout == shipped, "pipelines/schema.json is stale: run `tideflow schema -o " \
+        "pipelines/schema.json`"
+    schema = json.loads(shipped)
+    assert schema["properties"]["apiVersion"]["const"] == "tideflow/v1"
+    assert schema["additionalProperties"] is False
+
+
+def test_schema_validates_the_example_and_rejects_unknown_keys(repo: Path) -> None:
+    import jsonschema
+    import yaml
+
+    schema = json.loads((repo / "pipelines" / "schema.json").read_text())
+    example = yaml.safe_load((repo / "pipelines" / "digits.yaml").read_text())
+    jsonschema.validate(example, schema)
+    example["steps"][0]["data_prep"]["workerz"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(example, schema)
+
+
+def test_plan_shows_order_pools_and_resources(repo: Path) -> None:
+    done = tideflow("plan", str(repo / "tests" / "data" / "pipelines" / "full.yaml"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    order = [out.index(f". {name} [") for name in ("prep", "train", "evaluate", "promote")]
+    assert order == sorted(order)
+    assert "pool tideflow-gpu (8 slot(s))" in out
+    assert "gang: {{ params.workers }} worker(s) x 4 gpu H100" in out
+    assert "devices (preference): npu, gpu-spare, cpu" in out
+
+
+def test_run_rejects_unknown_and_out_of_range_params(repo: Path) -> None:
+    digits = str(repo / "pipelines" / "digits.yaml")
+    unknown = tideflow("run", digits, "--param", "sed=1")
+    assert unknown.returncode == 1
+    assert "unknown param 'sed'; did you mean 'seed'?" in unknown.stderr
+    too_big = tideflow("run", digits, "--param", "validation_fraction=0.9")
+    assert too_big.returncode == 1
+    assert "0.9 is above its maximum 0.5" in too_big.stderr
+
+
+def test_every_command_has_help() -> None:
+    parser = build_parser()
+    subcommands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert set(subcommands) == {"validate", "schema", "plan", "run", "pools"}
+    for name in subcommands:
+        done = tideflow(name, "--help")
+        assert done.returncode == 0 and "usage: tideflow" in done.stdout, name
