@@ -19,15 +19,17 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 _SCRATCH = Path(tempfile.mkdtemp(prefix="tideflow-tests-"))
 
-os.environ.update({
-    "AIRFLOW_HOME": str(_SCRATCH / "airflow"),
-    "AIRFLOW__CORE__DAGS_FOLDER": str(_SCRATCH / "airflow" / "dags"),
-    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-    "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-    "TIDEFLOW_HOME": str(_SCRATCH / "tideflow"),
-    "TIDEFLOW_ARTIFACT_ROOT": (_SCRATCH / "artifacts").as_uri(),
-    "TIDEFLOW_PIPELINES_DIR": str(REPO / "pipelines"),
-})
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(_SCRATCH / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(_SCRATCH / "airflow" / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "TIDEFLOW_HOME": str(_SCRATCH / "tideflow"),
+        "TIDEFLOW_ARTIFACT_ROOT": (_SCRATCH / "artifacts").as_uri(),
+        "TIDEFLOW_PIPELINES_DIR": str(REPO / "pipelines"),
+    }
+)
 os.environ.pop("TIDEFLOW_CLUSTER_FILE", None)
 
 

@@ -9,8 +9,11 @@ def summarize(dag: Any) -> dict[str, Any]:
     params = {}
     for name in sorted(dag.params.keys()):
         param = dag.params.get_param(name)
-        params[name] = {"default": param.value, "schema": param.schema,
-                        "description": param.description}
+        params[name] = {
+            "default": param.value,
+            "schema": param.schema,
+            "description": param.description,
+        }
     tasks = {}
     for task in sorted(dag.tasks, key=lambda t: t.task_id):
         timeout = task.execution_timeout.total_seconds() if task.execution_timeout else None

@@ -13,8 +13,14 @@ from tideflow.cli import build_parser
 
 
 def tideflow(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tideflow.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tideflow.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        check=False,
+    )
 
 
 BROKEN = """\
@@ -58,8 +64,10 @@ def test_validate_with_cluster_file_checks_gang_fit(tmp_path: Path) -> None:
     )
     done = tideflow("validate", "big.yaml", "--cluster", "cluster.yaml", cwd=tmp_path)
     assert done.returncode == 1
-    assert "big.yaml:8:16: steps[0].gang_training.workers: 3 workers x 8 H100 gpu can never" \
+    assert (
+        "big.yaml:8:16: steps[0].gang_training.workers: 3 workers x 8 H100 gpu can never"
         in done.stderr
+    )
     assert tideflow("validate", "big.yaml", cwd=tmp_path).returncode == 0  # no inventory given
 
 
@@ -68,8 +76,7 @@ def test_bad_cluster_file_is_reported_with_location(tmp_path: Path, repo: Path) 
         "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: c}\nnodes:\n"
         "  - {name: n, cpu: 0}\n"
     )
-    done = tideflow("validate", str(repo / "pipelines"), "--cluster", "cluster.yaml",
-                    cwd=tmp_path)
+    done = tideflow("validate", str(repo / "pipelines"), "--cluster", "cluster.yaml", cwd=tmp_path)
     assert done.returncode == 1
     assert "cluster.yaml:5:20: nodes[0].cpu: 0 is out of range; a value >= 1" in done.stderr
 
@@ -78,8 +85,9 @@ def test_schema_command_matches_shipped_schema(repo: Path) -> None:
     done = tideflow("schema")
     assert done.returncode == 0
     shipped = (repo / "pipelines" / "schema.json").read_text()
-    assert done.stdout == shipped, "pipelines/schema.json is stale: run `tideflow schema -o " \
-        "pipelines/schema.json`"
+    assert done.stdout == shipped, (
+        "pipelines/schema.json is stale: run `tideflow schema -o pipelines/schema.json`"
+    )
     schema = json.loads(shipped)
     assert schema["properties"]["apiVersion"]["const"] == "tideflow/v1"
     assert schema["additionalProperties"] is False

@@ -55,7 +55,9 @@ def test_duplicate_pipeline_names_are_an_import_error(
     monkeypatch.setenv("TIDEFLOW_PIPELINES_DIR", str(tmp_path))
     bag = dagbag(repo)
     assert bag.dag_ids == ["digits"]
-    assert "pipeline name 'digits' is already used by" in bag.import_errors[str(tmp_path / "b.yaml")]
+    assert (
+        "pipeline name 'digits' is already used by" in bag.import_errors[str(tmp_path / "b.yaml")]
+    )
 
 
 def test_parsing_imports_no_heavy_libraries_and_no_network(repo: Path) -> None:
@@ -70,8 +72,14 @@ def test_parsing_imports_no_heavy_libraries_and_no_network(repo: Path) -> None:
         " if m in sys.modules]\n"
         "print('HEAVY=' + ','.join(heavy))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env=os.environ.copy(), timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "HEAVY=\n" in done.stdout
 

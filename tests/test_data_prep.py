@@ -28,9 +28,14 @@ def xcom(dag_run: Any, task_id: str) -> Any:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        row = session.scalars(XComModel.get_many(
-            run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key="return_value",
-        )).first()
+        row = session.scalars(
+            XComModel.get_many(
+                run_id=dag_run.run_id,
+                dag_ids=dag_run.dag_id,
+                task_ids=task_id,
+                key="return_value",
+            )
+        ).first()
         return None if row is None else XComModel.deserialize_value(row)
 
 
@@ -47,12 +52,15 @@ def load_npz(uri: str) -> dict[str, np.ndarray]:
 
 def write_pipeline(tmp_path: Path, step_yaml: str) -> Path:
     path = tmp_path / "p.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         apiVersion: tideflow/v1
         kind: Pipeline
         metadata: {name: prep-test, team: qa}
         steps:
-        """) + textwrap.indent(textwrap.dedent(step_yaml), "  "))
+        """)
+        + textwrap.indent(textwrap.dedent(step_yaml), "  ")
+    )
     return path
 
 
@@ -60,8 +68,9 @@ def write_pipeline(tmp_path: Path, step_yaml: str) -> Path:
 def test_digits_split_is_written_to_the_store_with_expected_rows(
     repo: Path, artifact_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dag_run = run_dag(repo / "pipelines" / "digits.yaml", monkeypatch,
-                      {"validation_fraction": 0.25, "seed": 3})
+    dag_run = run_dag(
+        repo / "pipelines" / "digits.yaml", monkeypatch, {"validation_fraction": 0.25, "seed": 3}
+    )
     assert str(dag_run.state) == "success", states(dag_run)
     outputs = xcom(dag_run, "prepare-data")
     assert sorted(outputs) == ["train", "validation"]
@@ -77,12 +86,15 @@ def test_digits_split_is_written_to_the_store_with_expected_rows(
 def test_failing_entrypoint_fails_the_task_with_its_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    pipeline = write_pipeline(tmp_path, """\
+    pipeline = write_pipeline(
+        tmp_path,
+        """\
         - name: explode
           data_prep:
             entrypoint: tests.step_entrypoints:boom
             args: {reason: "disk full on purpose"}
-        """)
+        """,
+    )
     dag_run = run_dag(pipeline, monkeypatch)
     assert str(dag_run.state) == "failed"
     assert states(dag_run) == {"explode": "failed"}
@@ -96,12 +108,15 @@ def test_failing_entrypoint_fails_the_task_with_its_error(
 def test_missing_declared_output_fails_the_task(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    pipeline = write_pipeline(tmp_path, """\
+    pipeline = write_pipeline(
+        tmp_path,
+        """\
         - name: partial
           data_prep:
             entrypoint: tests.step_entrypoints:forgets_an_output
             outputs: [train, validation]
-        """)
+        """,
+    )
     dag_run = run_dag(pipeline, monkeypatch)
     assert str(dag_run.state) == "failed"
     assert "did not return declared output(s) ['validation']" in capfd.readouterr().out
@@ -113,14 +128,18 @@ def test_command_entrypoint_passes_outputs_downstream(
 ) -> None:
     python = shutil.which("python3") or "python3"
     script = tmp_path / "make_output.py"
-    script.write_text(textwrap.dedent("""\
+    script.write_text(
+        textwrap.dedent("""\
         import json, os, sys
         ctx = json.load(open(os.environ["TIDEFLOW_STEP_CONTEXT"]))
         out = sys.argv[1]
         open(out, "w").write(ctx["run_id"])
         json.dump({"marker": out}, open(os.environ["TIDEFLOW_STEP_OUTPUTS"], "w"))
-        """))
-    pipeline = write_pipeline(tmp_path, f"""\
+        """)
+    )
+    pipeline = write_pipeline(
+        tmp_path,
+        f"""\
         - name: produce
           data_prep:
             entrypoint: [{python}, {script}, "{tmp_path}/{{{{ params.name }}}}.txt"]
@@ -130,8 +149,11 @@ def test_command_entrypoint_passes_outputs_downstream(
           data_prep:
             entrypoint: [{python}, -c, "import sys; assert open(sys.argv[1]).read(), 'empty'",
                          "{{{{ ti.xcom_pull(task_ids='produce')['marker'] }}}}"]
-        """)
-    text = pipeline.read_text().replace("steps:", "params:\n  name: {type: string, default: m}\nsteps:")
+        """,
+    )
+    text = pipeline.read_text().replace(
+        "steps:", "params:\n  name: {type: string, default: m}\nsteps:"
+    )
     pipeline.write_text(text)
     dag_run = run_dag(pipeline, monkeypatch, {"name": "hello"})
     assert str(dag_run.state) == "success", states(dag_run)

@@ -21,7 +21,8 @@ metadata:
 """
 
 VALID = {
-    "minimal data prep": HEADER + """\
+    "minimal data prep": HEADER
+    + """\
 steps:
   - name: prep
     data_prep:
@@ -40,7 +41,8 @@ steps:
 params:
   out: {type: string, default: /tmp/out}
 """,
-    "all four kinds with templated gang size": HEADER + """\
+    "all four kinds with templated gang size": HEADER
+    + """\
   schedule: "0 2 * * *"
 params:
   workers: {type: int, default: 2, minimum: 1, maximum: 8}
@@ -77,23 +79,29 @@ steps:
 INVALID = {
     "yaml syntax error": (
         HEADER + "steps:\n  - name: [prep\n",
-        [f"{FILE}:8:1: (document): YAML syntax error: while parsing a flow sequence "
-         "started at 7:11, did not find expected ',' or ']'; fix the YAML syntax (indentation, quotes, "
-         "':' after keys)"],
+        [
+            f"{FILE}:8:1: (document): YAML syntax error: while parsing a flow sequence "
+            "started at 7:11, did not find expected ',' or ']'; fix the YAML syntax (indentation, quotes, "
+            "':' after keys)"
+        ],
     ),
     "unknown key with suggestion": (
-        HEADER + """\
+        HEADER
+        + """\
 steps:
   - name: prep
     data_prep:
       entrypoint: pkg.mod:prepare
       resourcez: {cpu: 1}
 """,
-        [f"{FILE}:10:7: steps[0].data_prep.resourcez: unknown field 'resourcez'; did you "
-         "mean 'resources'? accepted fields: entrypoint, args, env, resources, pool, outputs"],
+        [
+            f"{FILE}:10:7: steps[0].data_prep.resourcez: unknown field 'resourcez'; did you "
+            "mean 'resources'? accepted fields: entrypoint, args, env, resources, pool, outputs"
+        ],
     ),
     "wrong types and out of range, all reported": (
-        HEADER + """\
+        HEADER
+        + """\
 steps:
   - name: train
     retries: many
@@ -115,7 +123,8 @@ steps:
         ],
     ),
     "unknown needs, duplicate names and a cycle": (
-        HEADER + """\
+        HEADER
+        + """\
 steps:
   - name: prep
     needs: [trian]
@@ -139,16 +148,19 @@ steps:
         ],
     ),
     "invalid cron": (
-        HEADER + """\
+        HEADER
+        + """\
   schedule: "0 25 * * *"
 steps:
   - name: prep
     data_prep: {entrypoint: "a:b"}
 """,
-        [f"{FILE}:6:13: metadata.schedule: '0 25 * * *' is not a valid cron expression; "
-         "five fields 'minute hour day-of-month month day-of-week' such as '0 2 * * *', "
-         "one of @once, @continuous, @hourly, @daily, @weekly, @monthly, @quarterly, "
-         "@yearly, or null"],
+        [
+            f"{FILE}:6:13: metadata.schedule: '0 25 * * *' is not a valid cron expression; "
+            "five fields 'minute hour day-of-month month day-of-week' such as '0 2 * * *', "
+            "one of @once, @continuous, @hourly, @daily, @weekly, @monthly, @quarterly, "
+            "@yearly, or null"
+        ],
     ),
     "missing fields and a step with two kinds": (
         """\
@@ -169,7 +181,8 @@ steps:
         ],
     ),
     "params: bad default, bounds on a string, undeclared reference": (
-        HEADER + """\
+        HEADER
+        + """\
 params:
   lr: {type: float, default: 2.0, maximum: 1.0}
   name: {type: string, default: x, minimum: 1}
@@ -188,14 +201,17 @@ steps:
         ],
     ),
     "duplicate yaml key": (
-        HEADER + """\
+        HEADER
+        + """\
 steps:
   - name: prep
     name: prep2
     data_prep: {entrypoint: "a:b"}
 """,
-        [f"{FILE}:8:5: steps[0].name: duplicate key 'name' (the earlier value would be "
-         "lost); each key may appear once per mapping"],
+        [
+            f"{FILE}:8:5: steps[0].name: duplicate key 'name' (the earlier value would be "
+            "lost); each key may appear once per mapping"
+        ],
     ),
 }
 
@@ -233,7 +249,9 @@ def test_invalid_pipelines_report_every_error_exactly(text: str, expected: list[
 
 
 def test_gang_that_can_never_fit_the_declared_cluster(cluster: Inventory) -> None:
-    text = HEADER + """\
+    text = (
+        HEADER
+        + """\
 steps:
   - name: train
     gang_training:
@@ -242,6 +260,7 @@ steps:
       devices_per_worker: 8
       device: {class: gpu, model: H100}
 """
+    )
     with pytest.raises(SpecError) as caught:
         parse_model(text, FILE, PipelineSpec, cluster)
     assert [str(i) for i in caught.value.issues] == [
@@ -253,7 +272,9 @@ steps:
 
 def test_gang_never_mixes_models_when_none_is_named(cluster: Inventory) -> None:
     # 4 A100 nodes + 4 V100 nodes of 4 GPUs: 32 GPUs, but at most 16 of one model.
-    template = HEADER + """\
+    template = (
+        HEADER
+        + """\
 params:
   workers: {{type: int, default: {workers}}}
 steps:
@@ -264,6 +285,7 @@ steps:
       devices_per_worker: 4
       device: {{class: gpu}}
 """
+    )
     assert parse_model(template.format(workers=2), FILE, PipelineSpec, cluster)
     with pytest.raises(SpecError, match="room for at most 4 such workers"):
         parse_model(template.format(workers=8), FILE, PipelineSpec, cluster)

@@ -98,13 +98,17 @@ def _param_plan(spec: ParamSpec) -> ParamPlan:
         return ParamPlan(
             spec.default, kinds[0] if len(kinds) == 1 else kinds, spec.description, enum=values
         )
+
     def bound(value: float | None) -> float | None:
         # JSON Schema accepts 8.0 as an integer bound, but the trigger form shows "8.0"
         return int(value) if value is not None and spec.type == "int" else value
 
     return ParamPlan(
-        spec.default, _PARAM_TYPES[spec.type], spec.description,
-        bound(spec.minimum), bound(spec.maximum),
+        spec.default,
+        _PARAM_TYPES[spec.type],
+        spec.description,
+        bound(spec.minimum),
+        bound(spec.maximum),
     )
 
 
