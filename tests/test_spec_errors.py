@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -81,8 +80,8 @@ INVALID = {
         HEADER + "steps:\n  - name: [prep\n",
         [
             f"{FILE}:8:1: (document): YAML syntax error: while parsing a flow sequence "
-            "started at 7:11, did not find expected ',' or ']'; fix the YAML syntax (indentation, quotes, "
-            "':' after keys)"
+            "started at 7:11, did not find expected ',' or ']'; "
+            "fix the YAML syntax (indentation, quotes, ':' after keys)"
         ],
     ),
     "unknown key with suggestion": (
