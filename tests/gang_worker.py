@@ -1,0 +1,49 @@
+"""A tiny gang worker for backend tests: no torch, behaviour chosen by env variables.
+
+GANG_TEST_MODE:
+  ok            print the rank environment and exit 0
+  fail-once     rank 1 exits 3 on the first attempt, every rank succeeds afterwards
+  fail-always   rank 1 always exits 3
+  sleep         run until SIGTERM; on SIGTERM exit 75 ("checkpointed, resumable")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+mode = os.environ.get("GANG_TEST_MODE", "ok")
+rank = int(os.environ["RANK"])
+restart = int(os.environ["TIDEFLOW_RESTART_COUNT"])
+print(
+    json.dumps(
+        {
+            k: os.environ.get(k)
+            for k in (
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "CUDA_VISIBLE_DEVICES",
+                "TIDEFLOW_DEVICE_CLASS",
+                "TIDEFLOW_EMULATED",
+                "TIDEFLOW_RESTART_COUNT",
+            )
+        }
+    ),
+    flush=True,
+)
+
+if mode == "fail-once" and rank == 1 and restart == 0:
+    sys.exit(3)
+if mode == "fail-always" and rank == 1:
+    sys.exit(3)
+if mode == "sleep":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))
+    print("ready", flush=True)
+    while True:
+        time.sleep(0.05)

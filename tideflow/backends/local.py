@@ -1,0 +1,138 @@
+"""Local backend: a gang is a supervisor process on this machine that runs its workers.
+
+The supervisor (``tideflow.backends.local_supervisor``) is started in its own
+session so it outlives the Airflow task that submitted it: the operator defers
+while the gang trains, and a retried task finds the same supervisor again
+through the gang's directory instead of starting a second copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tideflow.backends.protocol import GangJob, GangState, GangStatus
+from tideflow.storage import safe_segment
+
+
+def gang_dir_name(gang_id: str) -> str:
+    digest = hashlib.sha256(gang_id.encode()).hexdigest()[:10]
+    return f"{safe_segment(gang_id)[:80]}-{digest}"
+
+
+def _alive(pid: int) -> bool:
+    """A live supervisor with this pid (guards against pid reuse via the command line)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no procfs: trust kill(0)
+    if b"tideflow.backends.local_supervisor" not in cmdline:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class LocalBackend:
+    """Runs gangs as local processes; state lives under ``state_dir/<gang>/``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+
+    def gang_dir(self, gang_id: str) -> Path:
+        return self.state_dir / gang_dir_name(gang_id)
+
+    def _pid(self, gang_id: str) -> int | None:
+        try:
+            return int((self.gang_dir(gang_id) / "supervisor.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _read_status(self, gang_id: str) -> GangStatus | None:
+        path = self.gang_dir(gang_id) / "status.json"
+        try:
+            return GangStatus.from_json(path.read_text())
+        except FileNotFoundError:
+            return None
+
+    def status(self, gang_id: str) -> GangStatus | None:
+        status = self._read_status(gang_id)
+        pid = self._pid(gang_id)
+        if status is None:
+            if pid is not None and _alive(pid):
+                return GangStatus(gang_id, GangState.PENDING, message="supervisor starting")
+            return None
+        if not status.state.finished and (pid is None or not _alive(pid)):
+            return GangStatus(
+                gang_id,
+                GangState.FAILED,
+                status.restarts,
+                "the gang's supervisor process died (machine restart or kill -9?)",
+                status.exit_codes,
+                status.started_at,
+                time.time(),
+                status.events,
+            )
+        return status
+
+    def reattach(self, gang_id: str) -> GangStatus | None:
+        status = self.status(gang_id)
+        return status if status is not None and not status.state.finished else None
+
+    def submit(self, job: GangJob) -> GangStatus:
+        running = self.reattach(job.gang_id)
+        if running is not None:
+            return running
+        previous = self.status(job.gang_id)
+        if previous is not None and previous.state is GangState.SUCCEEDED:
+            return previous
+        directory = self.gang_dir(job.gang_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "status.json").unlink(missing_ok=True)
+        (directory / "job.json").write_text(job.to_json())
+        with open(directory / "supervisor.log", "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tideflow.backends.local_supervisor", str(directory)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ},
+            )
+        (directory / "supervisor.pid").write_text(str(process.pid))
+        return GangStatus(job.gang_id, GangState.PENDING, message="supervisor started")
+
+    def _signal(self, gang_id: str, signum: int) -> None:
+        pid = self._pid(gang_id)
+        if pid is not None and _alive(pid):
+            os.kill(pid, signum)
+
+    def cancel(self, gang_id: str) -> None:
+        self._signal(gang_id, signal.SIGTERM)
+
+    def preempt(self, gang_id: str) -> None:
+        self._signal(gang_id, signal.SIGUSR1)
+
+    def log_path(self, gang_id: str) -> Path:
+        return self.gang_dir(gang_id) / "gang.log"
+
+    def wait(self, gang_id: str, timeout_s: float, poll_s: float = 0.2) -> GangStatus:
+        """Block until the gang finishes (for tests and the CLI; operators defer instead)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.status(gang_id)
+            if status is not None and status.state.finished:
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"gang {gang_id} still {status and status.state} after {timeout_s:.0f}s"
+                )
+            time.sleep(poll_s)

@@ -1,0 +1,227 @@
+"""Supervise one gang on this machine: start all workers, restart all on any failure.
+
+``python -m tideflow.backends.local_supervisor GANG_DIR`` (started by
+``LocalBackend``). torchrun semantics: if any worker dies, the whole gang is
+stopped and started again (from the newest committed checkpoint, which the
+training runtime finds by itself), up to ``max_restarts`` times.
+
+Exit codes of workers that mean something here:
+  75  preempted after committing a checkpoint: resumable, never restarted here
+  76  stopped by the training-health guard: restarting would not help
+Signals to the supervisor: SIGTERM cancels the gang, SIGUSR1 preempts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from tideflow.backends.protocol import GangJob, GangState, GangStatus, WorkerSlot
+
+EXIT_PREEMPTED = 75
+EXIT_UNHEALTHY = 76
+POLL_S = 0.1
+STOP_GRACE_S = 10.0
+
+_VISIBLE_DEVICES = {"gpu": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def worker_env(job: GangJob, slot: WorkerSlot, port: int, restarts: int) -> dict[str, str]:
+    local_ranks = [s.rank for s in job.slots if s.node == slot.node]
+    env = {
+        **os.environ,
+        **job.env,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(slot.rank),
+        "WORLD_SIZE": str(job.workers),
+        "LOCAL_RANK": str(local_ranks.index(slot.rank)),
+        "LOCAL_WORLD_SIZE": str(len(local_ranks)),
+        "TIDEFLOW_GANG_ID": job.gang_id,
+        "TIDEFLOW_DEVICE_CLASS": job.device_class,
+        "TIDEFLOW_RESTART_COUNT": str(restarts),
+        "TIDEFLOW_EMULATED": "1" if job.emulated else "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    variable = _VISIBLE_DEVICES.get(job.device_class)
+    if variable:
+        # Emulated accelerators must not touch a real device that happens to exist.
+        env[variable] = "" if job.emulated else ",".join(str(d) for d in slot.devices)
+    return env
+
+
+class Supervisor:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.job = GangJob.from_json((directory / "job.json").read_text())
+        self.restarts = 0
+        self.events: list[str] = []
+        self.started_at = time.time()
+        self.workers: list[subprocess.Popen[str]] = []
+        self.request: str | None = None  # "cancel" or "preempt"
+        self.log_lock = threading.Lock()
+        self.gang_log = open(directory / "gang.log", "a", encoding="utf-8")  # noqa: SIM115
+
+    def event(self, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        self.events.append(f"{stamp} {text}")
+        self.log_line(f"[supervisor] {text}")
+
+    def log_line(self, line: str) -> None:
+        with self.log_lock:
+            self.gang_log.write(line + "\n")
+            self.gang_log.flush()
+
+    def write_status(self, state: GangState, message: str = "") -> None:
+        codes = tuple(w.poll() for w in self.workers)
+        status = GangStatus(
+            self.job.gang_id,
+            state,
+            self.restarts,
+            message,
+            codes,
+            self.started_at,
+            time.time() if state.finished else None,
+            tuple(self.events[-50:]),
+        )
+        tmp = self.directory / "status.json.tmp"
+        tmp.write_text(status.to_json())
+        os.replace(tmp, self.directory / "status.json")
+
+    def _pump(self, rank: int, stream: IO[str]) -> None:
+        with open(self.directory / f"rank-{rank}.log", "a", encoding="utf-8") as own:
+            for line in stream:
+                text = line.rstrip("\n")
+                own.write(text + "\n")
+                own.flush()
+                self.log_line(f"[rank {rank}] {text}")
+
+    def launch(self) -> None:
+        port = free_port()
+        self.workers = []
+        for slot in self.job.slots:
+            process = subprocess.Popen(
+                list(self.job.command),
+                env=worker_env(self.job, slot, port, self.restarts),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                errors="replace",
+                start_new_session=True,
+            )
+            assert process.stdout is not None
+            threading.Thread(
+                target=self._pump, args=(slot.rank, process.stdout), daemon=True
+            ).start()
+            self.workers.append(process)
+        pids = ", ".join(
+            f"rank {s.rank}: pid {w.pid}" for s, w in zip(self.job.slots, self.workers, strict=True)
+        )
+        self.event(f"started {self.job.workers} worker(s) (attempt {self.restarts + 1}; {pids})")
+        self.write_status(GangState.RUNNING)
+
+    def signal_all(self, signum: int) -> None:
+        for worker in self.workers:
+            if worker.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(worker.pid, signum)
+
+    def stop_all(self, grace_s: float) -> None:
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(w.poll() is None for w in self.workers):
+            time.sleep(POLL_S)
+        self.signal_all(signal.SIGKILL)
+        for worker in self.workers:
+            worker.wait()
+
+    def run(self) -> GangState:
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "request", "cancel"))
+        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "request", "preempt"))
+        if self.job.emulated:
+            self.event(
+                f"this machine has no {self.job.device_class.upper()}: the workers run "
+                "emulated on the CPU"
+            )
+        self.launch()
+        while True:
+            time.sleep(POLL_S)
+            if self.request == "cancel":
+                self.event("cancel requested: stopping all workers")
+                self.stop_all(STOP_GRACE_S)
+                self.write_status(GangState.CANCELLED, "cancelled on request")
+                return GangState.CANCELLED
+            if self.request == "preempt":
+                self.request = "preempting"
+                self.event("preemption requested: asking workers to checkpoint and exit")
+                self.signal_all(signal.SIGTERM)
+            codes = [w.poll() for w in self.workers]
+            if all(code == 0 for code in codes):
+                self.event("all workers finished")
+                self.write_status(GangState.SUCCEEDED)
+                return GangState.SUCCEEDED
+            if EXIT_PREEMPTED in codes or (
+                self.request == "preempting" and all(c is not None for c in codes)
+            ):
+                self.stop_all(self.job.preempt_grace_s)
+                self.event("workers exited after a preemption checkpoint")
+                self.write_status(GangState.PREEMPTED, "preempted; resumable from checkpoint")
+                return GangState.PREEMPTED
+            failed = [
+                (s.rank, c)
+                for s, c in zip(self.job.slots, codes, strict=True)
+                if c not in (None, 0)
+            ]
+            if not failed:
+                continue
+            rank, code = failed[0]
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            if code == EXIT_UNHEALTHY:
+                self.stop_all(STOP_GRACE_S)
+                self.event(f"rank {rank} stopped by the training-health guard")
+                self.write_status(
+                    GangState.FAILED,
+                    "training-health guard stopped the run; "
+                    "see the worker log for the step and value",
+                )
+                return GangState.FAILED
+            self.event(f"rank {rank} died ({how}); stopping the whole gang")
+            self.stop_all(STOP_GRACE_S)
+            if self.restarts >= self.job.max_restarts:
+                self.write_status(
+                    GangState.FAILED,
+                    f"rank {rank} died ({how}) and max_restarts={self.job.max_restarts} is used up",
+                )
+                return GangState.FAILED
+            self.restarts += 1
+            self.event(
+                f"restart {self.restarts} of {self.job.max_restarts}: relaunching "
+                "from the newest committed checkpoint"
+            )
+            self.launch()
+
+
+def main(argv: list[str]) -> int:
+    supervisor = Supervisor(Path(argv[0]))
+    state = supervisor.run()
+    return 0 if state is GangState.SUCCEEDED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""The contract every gang backend meets: local processes today, Kubernetes later.
+
+A backend is addressed by a stable ``gang_id`` (``dag/run/task``): ``submit`` is
+idempotent for a gang that is still running, and ``reattach`` finds a gang
+again after the Airflow worker that started it went away. Airflow retries
+tasks and may run a trigger twice, so "start it once" must hold at this level.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+
+class GangState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"  # stopped on request after a committed checkpoint; resumable
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (GangState.PENDING, GangState.RUNNING)
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """Where one rank runs: a node and the device indices leased to it there."""
+
+    rank: int
+    node: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GangJob:
+    gang_id: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    slots: tuple[WorkerSlot, ...]
+    device_class: str
+    emulated: bool
+    max_restarts: int
+    lease_id: str | None = None
+    lease_db: str | None = None
+    lease_ttl_s: float = 60.0
+    preempt_grace_s: float = 120.0
+
+    @property
+    def workers(self) -> int:
+        return len(self.slots)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GangJob:
+        data = json.loads(text)
+        data["command"] = tuple(data["command"])
+        data["slots"] = tuple(
+            WorkerSlot(s["rank"], s["node"], tuple(s["devices"])) for s in data["slots"]
+        )
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class GangStatus:
+    gang_id: str
+    state: GangState
+    restarts: int = 0
+    message: str = ""
+    exit_codes: tuple[int | None, ...] = ()
+    started_at: float | None = None
+    finished_at: float | None = None
+    events: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GangStatus:
+        data: dict[str, Any] = json.loads(text)
+        data["state"] = GangState(data["state"])
+        data["exit_codes"] = tuple(data.get("exit_codes", ()))
+        data["events"] = tuple(data.get("events", ()))
+        return cls(**data)
+
+
+class Backend(Protocol):
+    def submit(self, job: GangJob) -> GangStatus:
+        """Start the gang, or return the status of the copy already running."""
+
+    def status(self, gang_id: str) -> GangStatus | None:
+        """Current status, or None if this backend never saw the gang."""
+
+    def cancel(self, gang_id: str) -> None:
+        """Stop every worker now; the gang ends CANCELLED."""
+
+    def preempt(self, gang_id: str) -> None:
+        """Ask the workers to checkpoint and exit; the gang ends PREEMPTED."""
+
+    def reattach(self, gang_id: str) -> GangStatus | None:
+        """Find a gang started by an earlier process (None if unknown or finished)."""
