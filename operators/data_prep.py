@@ -13,6 +13,7 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
 from tideflow.operators.base import TideflowOperator
+from tideflow.steps.commands import resolve_command
 from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV
 from tideflow.steps.process import StreamedProcess
 
@@ -72,7 +73,7 @@ class DataPrepOperator(TideflowOperator):
                     *(str(files[n]) for n in ("context", "args", "out")),
                 ]
             else:
-                command = [str(part) for part in self.entrypoint]
+                command = resolve_command(self.entrypoint)
             self.log.info("tideflow: running %s", " ".join(command))
             try:
                 self._child = StreamedProcess(command, env)

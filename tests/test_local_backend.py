@@ -63,6 +63,7 @@ def test_gang_gets_the_torch_distributed_environment(tmp_path: Path) -> None:
     backend.submit(job("dag/run/ok", "ok", device_class="gpu"))
     status = backend.wait("dag/run/ok", 60)
     assert status.state is GangState.SUCCEEDED, status
+    assert status.device_seconds > 0  # 2 workers x 2 devices x their wall time
     envs = env_lines(backend, "dag/run/ok")
     assert sorted(envs) == [0, 1]
     assert {e["WORLD_SIZE"] for e in envs.values()} == {"2"}

@@ -73,6 +73,9 @@ class Supervisor:
         self.started_at = time.time()
         self.workers: list[subprocess.Popen[str]] = []
         self.request: str | None = None  # "cancel" or "preempt"
+        self.device_seconds = 0.0
+        self.attempt_started: float | None = None
+        self.devices = sum(max(1, len(slot.devices)) for slot in self.job.slots)
         self.log_lock = threading.Lock()
         self.gang_log = open(directory / "gang.log", "a", encoding="utf-8")  # noqa: SIM115
 
@@ -102,6 +105,9 @@ class Supervisor:
         tmp.write_text(status.to_json())
         os.replace(tmp, self.directory / "status.json")
 
+    def _running_seconds(self) -> float:
+        return 0.0 if self.attempt_started is None else time.time() - self.attempt_started
+
     def _pump(self, rank: int, stream: IO[str]) -> None:
         with open(self.directory / f"rank-{rank}.log", "a", encoding="utf-8") as own:
             for line in stream:
@@ -113,6 +119,7 @@ class Supervisor:
     def launch(self) -> None:
         port = free_port()
         self.workers = []
+        self.attempt_started = time.time()
         for slot in self.job.slots:
             process = subprocess.Popen(
                 list(self.job.command),
@@ -150,6 +157,11 @@ class Supervisor:
         self.signal_all(signal.SIGKILL)
         for worker in self.workers:
             worker.wait()
+        self._end_attempt()
+
+    def _end_attempt(self) -> None:
+        self.device_seconds += self._running_seconds() * self.devices
+        self.attempt_started = None
 
     def run(self) -> GangState:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "request", "cancel"))
@@ -173,6 +185,7 @@ class Supervisor:
                 self.signal_all(signal.SIGTERM)
             codes = [w.poll() for w in self.workers]
             if all(code == 0 for code in codes):
+                self._end_attempt()
                 self.event("all workers finished")
                 self.write_status(GangState.SUCCEEDED)
                 return GangState.SUCCEEDED

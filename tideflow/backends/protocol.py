@@ -77,6 +77,9 @@ class GangStatus:
     started_at: float | None = None
     finished_at: float | None = None
     events: tuple[str, ...] = field(default=())
+    # Devices held x seconds, over every attempt (restarts included): the
+    # basis of GPU-hours accounting per team, run and step.
+    device_seconds: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

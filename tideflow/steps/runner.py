@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,6 +38,8 @@ def resolve(entrypoint: str) -> Callable[..., Any]:
 
 def main(argv: list[str]) -> int:
     entrypoint, context_file, args_file, outputs_file = argv
+    # Gang workers share one command line; each rank writes its own outputs file.
+    outputs_file = outputs_file.replace("{rank}", os.environ.get("RANK", "0"))
     ctx = StepContext.from_file(Path(context_file))
     args = json.loads(Path(args_file).read_text(encoding="utf-8"))
     try:

@@ -1,0 +1,126 @@
+"""Create (or find again) the MLflow runs of a pipeline run and its steps.
+
+Runs are looked up by tags before they are created, so a retried task, a
+second step of the same DAG run, or a re-run of the same step finds the runs
+that exist instead of making duplicates. mlflow is imported only here, inside
+functions: DAG parsing never pays for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TAG_KIND = "tideflow.kind"
+TAG_DAG_ID = "tideflow.dag_id"
+TAG_RUN_ID = "tideflow.dag_run_id"
+TAG_STEP = "tideflow.step"
+
+
+@dataclass(frozen=True)
+class RunIds:
+    experiment_id: str
+    pipeline_run_id: str
+    step_run_id: str
+
+
+def tracking_enabled() -> bool:
+    return bool(os.environ.get("MLFLOW_TRACKING_URI"))
+
+
+def git_commit(path: Path) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def _client() -> Any:
+    # Fail fast when the server is down: the operator logs and goes on untracked.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient()
+
+
+def _find(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = client.search_runs(
+        [experiment_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"]
+    )
+    return str(runs[0].info.run_id) if runs else None
+
+
+def ensure_runs(
+    *,
+    pipeline: str,
+    team: str,
+    dag_id: str,
+    dag_run_id: str,
+    step: str,
+    kind: str,
+    pipeline_file: str | None = None,
+    params: dict[str, Any] | None = None,
+) -> RunIds:
+    client = _client()
+    experiment = client.get_experiment_by_name(pipeline)
+    experiment_id = (
+        experiment.experiment_id
+        if experiment is not None
+        else client.create_experiment(pipeline, tags={"tideflow.team": team})
+    )
+    parent_tags = {TAG_KIND: "pipeline-run", TAG_DAG_ID: dag_id, TAG_RUN_ID: dag_run_id}
+    parent = _find(client, experiment_id, parent_tags)
+    if parent is None:
+        tags = {**parent_tags, "tideflow.team": team, "mlflow.runName": dag_run_id}
+        if pipeline_file:
+            tags["tideflow.pipeline_file"] = pipeline_file
+            commit = git_commit(Path(pipeline_file))
+            if commit:
+                tags["mlflow.source.git.commit"] = commit
+        parent = str(client.create_run(experiment_id, tags=tags).info.run_id)
+        for name, value in (params or {}).items():
+            client.log_param(parent, name, value)
+    step_tags = {TAG_KIND: "step", TAG_RUN_ID: dag_run_id, TAG_STEP: step}
+    child = _find(client, experiment_id, step_tags)
+    if child is None:
+        tags = {
+            **step_tags,
+            TAG_DAG_ID: dag_id,
+            "tideflow.step_kind": kind,
+            "tideflow.team": team,
+            "mlflow.parentRunId": parent,
+            "mlflow.runName": step,
+        }
+        child = str(client.create_run(experiment_id, tags=tags).info.run_id)
+    return RunIds(experiment_id, parent, child)
+
+
+def finish_step_run(
+    run_id: str,
+    *,
+    succeeded: bool,
+    tags: dict[str, str] | None = None,
+    metrics: dict[str, float] | None = None,
+) -> None:
+    client = _client()
+    for key, value in (tags or {}).items():
+        client.set_tag(run_id, key, value)
+    for name, number in (metrics or {}).items():
+        client.log_metric(run_id, name, number)
+    client.set_terminated(run_id, "FINISHED" if succeeded else "FAILED")
