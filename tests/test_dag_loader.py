@@ -106,3 +106,39 @@ def test_compiled_dag_matches_golden(repo: Path, pipeline: str) -> None:
         f"compiled DAG differs from {golden}; if the change is intended, regenerate with "
         "TIDEFLOW_UPDATE_GOLDEN=1 and review the diff"
     )
+
+
+def test_dag_processor_records_the_yaml_file_in_list_import_errors(
+    repo: Path, tmp_path: Path
+) -> None:
+    """Real `airflow dag-processor` run; the error is read back with the Airflow CLI."""
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    shutil.copy(repo / "pipelines" / "digits.yaml", pipelines)
+    broken = pipelines / "broken.yaml"
+    broken.write_text(
+        "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata: {name: broken, team: x}\n"
+        "steps:\n  - name: a\n    needs: [nope]\n    data_prep: {entrypoint: 'm:f'}\n"
+    )
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
+        "TIDEFLOW_PIPELINES_DIR": str(pipelines),
+    }
+    airflow = str(Path(sys.executable).with_name("airflow"))
+
+    def run(*args: str, ok: tuple[int, ...] = (0,)) -> str:
+        done = subprocess.run([airflow, *args], env=env, capture_output=True, text=True,
+                              timeout=180, check=False)
+        assert done.returncode in ok, done.stderr[-3000:]
+        return done.stdout
+
+    run("db", "migrate")
+    run("dag-processor", "--num-runs", "1")
+    # the command exits 1 when there are import errors
+    errors = json.loads(run("dags", "list-import-errors", "-o", "json", ok=(1,)))
+    assert [e["filepath"] for e in errors] == [str(broken)]
+    assert f"{broken}:6:13: steps[0].needs[0]: unknown step 'nope'" in errors[0]["error"]
+    dags = json.loads(run("dags", "list", "-o", "json"))
+    assert [d["dag_id"] for d in dags] == ["digits"]
