@@ -183,3 +183,12 @@ def detect_local(gpu_names: Iterable[str] | None = None) -> Inventory:
     else:
         node = Node("localhost", cpu, "cpu", None, cpu)
     return Inventory("localhost", (node,), declared=False)
+
+
+def inventory_for(cluster_file: str | os.PathLike[str] | None) -> Inventory:
+    """The declared inventory when a cluster file is given, else this machine."""
+    if not cluster_file:
+        return detect_local()
+    from tideflow.spec.loader import load_cluster
+
+    return load_cluster(cluster_file)

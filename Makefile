@@ -1,0 +1,55 @@
+# tideflow developer commands. `make help` lists them.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+.DEFAULT_GOAL := help
+
+.PHONY: help bootstrap demo down status test test-fast lint fmt schema constraints bench clean
+
+help: ## Show the available targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+bootstrap: $(VENV)/.installed ## Create .venv and install tideflow with pinned dependencies
+
+$(VENV)/.installed: pyproject.toml deploy/local/constraints.txt deploy/local/bootstrap.sh
+	deploy/local/bootstrap.sh
+	@touch $@
+
+demo: bootstrap ## Start S3 + MLflow + Airflow on 127.0.0.1 and run the digits pipeline
+	$(PY) -m tideflow.stack demo
+
+down: ## Stop the local stack
+	@if [ -x $(PY) ]; then $(PY) -m tideflow.stack down; fi
+
+status: ## Show the local stack's servers and login
+	$(PY) -m tideflow.stack status
+
+test: bootstrap ## Run every test (starts real servers for the `slow` ones)
+	$(PY) -m pytest
+
+test-fast: bootstrap ## Run the tests that start no servers
+	$(PY) -m pytest -m "not slow"
+
+lint: bootstrap ## ruff, mypy (strict on the core) and the import-layering contracts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+fmt: bootstrap ## Format the code
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+schema: bootstrap ## Regenerate pipelines/schema.json
+	$(VENV)/bin/tideflow schema -o pipelines/schema.json
+
+constraints: ## Re-pin deploy/local/constraints.txt from the current .venv
+	@{ echo "# Pinned versions of every package in the environment, tested together."; \
+	   echo "# Regenerate with \`make constraints\` after changing dependencies in pyproject.toml."; \
+	   $(VENV)/bin/pip freeze | grep -vE '^(#|-e )|^tideflow' | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/'; \
+	} > deploy/local/constraints.txt
+
+bench: bootstrap ## Run the benchmarks (results go to docs/benchmarks.md by hand)
+	$(PY) bench/parse_dags.py
+
+clean: down ## Stop the stack and delete local state (.tideflow/)
+	rm -rf .tideflow

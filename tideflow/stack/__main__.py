@@ -1,0 +1,132 @@
+"""``python -m tideflow.stack up|down|status|demo``: the local stack for a laptop or CI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from tideflow.stack.airflow_api import AirflowApi, AirflowApiError
+from tideflow.stack.processes import StackError, group_alive, stop_group
+from tideflow.stack.services import REPO, StackState, start_airflow, start_mlflow, start_s3
+
+ORDER = ("s3", "mlflow", "airflow")
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("TIDEFLOW_HOME", REPO / ".tideflow")).resolve()
+
+
+def default_pools() -> dict[str, int]:
+    from tideflow.compile.pools import pool_sizes
+    from tideflow.inventory import inventory_for
+
+    return pool_sizes(inventory_for(os.environ.get("TIDEFLOW_CLUSTER_FILE")))
+
+
+def up(
+    home: Path, *, dags_folder: Path = REPO / "dags", pipelines: Path = REPO / "pipelines"
+) -> StackState:
+    """Start whatever is not running yet; idempotent."""
+    state = StackState.load(home) or StackState(str(home))
+    state.services = {k: v for k, v in state.services.items() if group_alive(v.pid)}
+    try:
+        if "s3" not in state.services:
+            state.services["s3"] = start_s3(state)
+            state.save()
+        if "mlflow" not in state.services:
+            state.services["mlflow"] = start_mlflow(state)
+            state.save()
+        if "airflow" not in state.services:
+            state.services["airflow"] = start_airflow(
+                state, dags_folder=dags_folder, pipelines=pipelines, pools=default_pools()
+            )
+            state.save()
+    except StackError:
+        state.save()
+        raise
+    return state
+
+
+def down(home: Path) -> None:
+    state = StackState.load(home)
+    if state is None:
+        return
+    for name in reversed(ORDER):
+        service = state.services.get(name)
+        if service is not None:
+            stop_group(service.pid)
+    state.services = {}
+    state.save()
+
+
+def describe(state: StackState) -> str:
+    lines = []
+    for name in ORDER:
+        service = state.services.get(name)
+        if service is not None:
+            alive = "running" if group_alive(service.pid) else "stopped"
+            lines.append(f"  {name:8} {service.url:28} {alive} (log: {service.log})")
+    if "airflow" in state.services:
+        lines.append(f"  Airflow login: {state.airflow_user} / {state.airflow_password}")
+    return "\n".join(lines)
+
+
+def demo(home: Path, dag_id: str, timeout_s: float) -> int:
+    state = up(home)
+    print("tideflow local stack is up:\n" + describe(state), flush=True)
+    api = AirflowApi(state.services["airflow"].url, state.airflow_user, state.airflow_password)
+    api.wait_for_dag(dag_id, timeout_s=180)
+    api.unpause(dag_id)
+    run_id = api.trigger(dag_id)
+    print(f"triggered {dag_id} run {run_id}; waiting for it to finish ...", flush=True)
+    result = api.wait_for_run(dag_id, run_id, timeout_s)
+    for task, task_state in api.task_states(dag_id, run_id).items():
+        print(f"  {task}: {task_state}")
+    airflow = state.services["airflow"].url
+    print(f"\nDAG run {run_id}: {result}")
+    print(
+        f"Airflow UI: {airflow}/dags/{dag_id}  (login {state.airflow_user} / "
+        f"{state.airflow_password})"
+    )
+    print(f"MLflow UI:  {state.services['mlflow'].url}")
+    print(f"S3 (SeaweedFS): {state.services['s3'].url}  buckets: tideflow, mlflow")
+    print("Stop everything with: make down")
+    return 0 if result == "success" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tideflow.stack", description="Local S3 + MLflow + Airflow on 127.0.0.1."
+    )
+    parser.add_argument("command", choices=["up", "down", "status", "demo"])
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=None,
+        help="state directory (default: $TIDEFLOW_HOME or ./.tideflow)",
+    )
+    parser.add_argument("--dag", default="digits", help="DAG the demo triggers")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the run")
+    args = parser.parse_args(argv)
+    home = (args.home or default_home()).resolve()
+    try:
+        if args.command == "up":
+            print(describe(up(home)))
+        elif args.command == "down":
+            down(home)
+            print("tideflow local stack stopped")
+        elif args.command == "status":
+            state = StackState.load(home)
+            print(describe(state) if state and state.services else "not running")
+        else:
+            return demo(home, args.dag, args.timeout)
+    except (StackError, AirflowApiError) as exc:
+        print(f"tideflow stack: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
