@@ -129,14 +129,15 @@ def test_dag_processor_records_the_yaml_file_in_list_import_errors(
     airflow = str(Path(sys.executable).with_name("airflow"))
 
     def run(*args: str, ok: tuple[int, ...] = (0,)) -> str:
-        done = subprocess.run([airflow, *args], env=env, capture_output=True, text=True,
-                              timeout=180, check=False)
+        done = subprocess.run(
+            [airflow, *args], env=env, capture_output=True, text=True, timeout=180, check=False
+        )
         assert done.returncode in ok, done.stderr[-3000:]
         return done.stdout
 
     def json_out(text: str) -> list[dict[str, str]]:
         # Airflow's CLI prints its Python warnings on stdout before the JSON
-        return json.loads(text[text.index("\n[") + 1:] if not text.startswith("[") else text)
+        return json.loads(text[text.index("\n[") + 1 :] if not text.startswith("[") else text)
 
     run("db", "migrate")
     run("dag-processor", "--num-runs", "1")

@@ -47,10 +47,13 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
     import boto3
 
     env = stack.client_env()
-    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                      region_name=env["AWS_DEFAULT_REGION"])
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
     listing = s3.list_objects_v2(Bucket="tideflow", Prefix="artifacts/digits/")
     keys = sorted(item["Key"].rsplit("/", 1)[1] for item in listing.get("Contents", []))
     assert keys == ["train.npz", "validation.npz"]
@@ -59,19 +62,22 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
 def test_mlflow_server_stores_runs_with_artifacts_in_s3(stack: StackState) -> None:
     url = stack.services["mlflow"].url
     request = urllib.request.Request(
-        f"{url}/api/2.0/mlflow/experiments/create", method="POST",
+        f"{url}/api/2.0/mlflow/experiments/create",
+        method="POST",
         data=json.dumps({"name": "stack-test"}).encode(),
-        headers={"Content-Type": "application/json"})
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         experiment_id = json.loads(response.read())["experiment_id"]
     with urllib.request.urlopen(
-            f"{url}/api/2.0/mlflow/experiments/get?experiment_id={experiment_id}",
-            timeout=30) as response:
+        f"{url}/api/2.0/mlflow/experiments/get?experiment_id={experiment_id}", timeout=30
+    ) as response:
         experiment = json.loads(response.read())["experiment"]
     assert experiment["artifact_location"].startswith("mlflow-artifacts:")
 
 
 def test_up_is_idempotent(stack: StackState) -> None:
     again = up(Path(stack.home))
-    assert {k: v.pid for k, v in again.services.items()} == \
-        {k: v.pid for k, v in stack.services.items()}
+    assert {k: v.pid for k, v in again.services.items()} == {
+        k: v.pid for k, v in stack.services.items()
+    }
