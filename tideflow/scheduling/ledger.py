@@ -1,0 +1,312 @@
+"""The lease ledger: all-or-nothing device reservations shared by many processes.
+
+Every Airflow task process, the triggerer and the gang supervisors open the
+same SQLite file. Each operation is one ``BEGIN IMMEDIATE`` transaction (one
+writer at a time, WAL so readers do not block), and the database itself
+refuses to book a device twice: ``claims`` has one row per (node, device)
+with that pair as its primary key. A bug in placement would surface as an
+integrity error, never as two gangs on one GPU.
+
+Waiting and priority: a request that does not fit now is recorded in
+``waiting`` without holding anything. A request that fits is still refused
+while a waiter of higher priority (or equal priority, queued earlier) would
+also fit now: that waiter goes first. Waiters that do not fit do not block
+smaller requests behind them (best-effort FIFO, as Kueue's BestEffortFIFO).
+The trade-off is that a large gang can starve behind a stream of small ones;
+give it a higher priority, or let the broker reserve capacity for it.
+
+Leases expire unless renewed (the holder died); waiters that stop polling
+are forgotten. Both are cleaned inside every transaction, using the injected
+clock so tests can replay time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from tideflow.inventory import Inventory
+from tideflow.scheduling.model import GangRequest, Lease, Refusal, WorkerPlacement
+from tideflow.scheduling.placement import place
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+    lease_id TEXT PRIMARY KEY,
+    gang_id TEXT NOT NULL UNIQUE,
+    holder TEXT NOT NULL,
+    team TEXT NOT NULL,
+    device_class TEXT NOT NULL,
+    model TEXT,
+    placements TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    preemptible INTEGER NOT NULL,
+    acquired_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS claims (
+    node TEXT NOT NULL,
+    device_class TEXT NOT NULL,
+    device INTEGER NOT NULL,
+    lease_id TEXT NOT NULL REFERENCES leases(lease_id) ON DELETE CASCADE,
+    PRIMARY KEY (node, device_class, device)
+);
+CREATE TABLE IF NOT EXISTS waiting (
+    gang_id TEXT PRIMARY KEY,
+    request TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    enqueued_at REAL NOT NULL,
+    last_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class LeaseLostError(Exception):
+    """The lease expired, was released, or was taken back (e.g. by the broker)."""
+
+
+def inventory_fingerprint(inventory: Inventory) -> str:
+    text = repr(
+        sorted((n.name, n.device_class, n.model, n.devices, n.cpu) for n in inventory.nodes)
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class LeaseLedger:
+    def __init__(
+        self,
+        path: Path,
+        inventory: Inventory,
+        *,
+        clock: Callable[[], float] = time.time,
+        waiter_timeout_s: float = 60.0,
+    ) -> None:
+        self.path = path
+        self.inventory = inventory
+        self.clock = clock
+        self.waiter_timeout_s = waiter_timeout_s
+        setup = sqlite3.connect(self.path, timeout=30)
+        try:
+            setup.execute("PRAGMA journal_mode=WAL")
+            setup.executescript(_SCHEMA)
+        finally:
+            setup.close()
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('inventory', ?)",
+                (inventory_fingerprint(inventory),),
+            )
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    # -- housekeeping ---------------------------------------------------------------
+    def _expire(self, db: sqlite3.Connection, now: float) -> None:
+        db.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
+        db.execute("DELETE FROM waiting WHERE last_seen < ?", (now - self.waiter_timeout_s,))
+
+    @staticmethod
+    def _lease(row: tuple[object, ...]) -> Lease:
+        (
+            lease_id,
+            gang_id,
+            holder,
+            team,
+            device_class,
+            model,
+            placements,
+            priority,
+            preemptible,
+            acquired_at,
+            expires_at,
+        ) = row
+        return Lease(
+            str(lease_id),
+            str(gang_id),
+            str(holder),
+            str(team),
+            str(device_class),
+            None if model is None else str(model),
+            Lease.placements_from_json(str(placements)),
+            int(str(priority)),
+            bool(preemptible),
+            float(str(acquired_at)),
+            float(str(expires_at)),
+        )
+
+    def _used(self, db: sqlite3.Connection, device_class: str) -> dict[str, set[int]]:
+        used: dict[str, set[int]] = {}
+        for node, device in db.execute(
+            "SELECT node, device FROM claims WHERE device_class = ?", (device_class,)
+        ):
+            used.setdefault(str(node), set()).add(int(device))
+        return used
+
+    # -- the API -------------------------------------------------------------------
+    def try_acquire(self, request: GangRequest, holder: str, ttl_s: float) -> Lease | Refusal:
+        with self._transaction() as db:
+            now = self.clock()
+            self._expire(db, now)
+            row = db.execute(
+                "SELECT * FROM leases WHERE gang_id = ?", (request.gang_id,)
+            ).fetchone()
+            if row is not None:  # idempotent: the gang already holds its devices
+                db.execute(
+                    "UPDATE leases SET expires_at = MAX(expires_at, ?) WHERE gang_id = ?",
+                    (now + ttl_s, request.gang_id),
+                )
+                return self._lease((*row[:10], max(float(row[10]), now + ttl_s)))
+            used = self._used(db, request.device_class)
+            placed = place(request, self.inventory, used)
+            if isinstance(placed, Refusal):
+                if placed.never:
+                    db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
+                else:
+                    self._wait(db, request, now)
+                return placed
+            ahead = self._waiter_ahead(db, request, used, now)
+            if ahead is not None:
+                self._wait(db, request, now)
+                return Refusal(
+                    f"fits now, but {ahead} waits ahead of it (higher priority, "
+                    "or the same priority and queued earlier)",
+                    never=False,
+                )
+            lease = Lease(
+                uuid.uuid4().hex,
+                request.gang_id,
+                holder,
+                request.team,
+                request.device_class,
+                request.model,
+                placed,
+                request.priority,
+                request.preemptible,
+                now,
+                now + ttl_s,
+            )
+            db.execute(
+                "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    lease.lease_id,
+                    lease.gang_id,
+                    holder,
+                    lease.team,
+                    lease.device_class,
+                    lease.model,
+                    lease.placements_json(),
+                    lease.priority,
+                    int(lease.preemptible),
+                    lease.acquired_at,
+                    lease.expires_at,
+                ),
+            )
+            db.executemany(
+                "INSERT INTO claims VALUES (?, ?, ?, ?)",
+                [
+                    (p.node, request.device_class, device, lease.lease_id)
+                    for p in placed
+                    for device in p.devices
+                ],
+            )
+            db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
+            return lease
+
+    def _wait(self, db: sqlite3.Connection, request: GangRequest, now: float) -> None:
+        db.execute(
+            "INSERT INTO waiting VALUES (?, ?, ?, ?, ?) ON CONFLICT(gang_id) DO UPDATE SET "
+            "request = excluded.request, priority = excluded.priority, last_seen = ?",
+            (request.gang_id, request.to_json(), request.priority, now, now, now),
+        )
+
+    def _waiter_ahead(
+        self, db: sqlite3.Connection, request: GangRequest, used: dict[str, set[int]], now: float
+    ) -> str | None:
+        mine = db.execute(
+            "SELECT enqueued_at FROM waiting WHERE gang_id = ?", (request.gang_id,)
+        ).fetchone()
+        queued_at = float(mine[0]) if mine else now
+        rows = db.execute(
+            "SELECT gang_id, request FROM waiting WHERE gang_id != ? AND "
+            "(priority > ? OR (priority = ? AND enqueued_at < ?)) "
+            "ORDER BY priority DESC, enqueued_at ASC",
+            (request.gang_id, request.priority, request.priority, queued_at),
+        ).fetchall()
+        for gang_id, text in rows:
+            other = GangRequest.from_json(str(text))
+            other_used = (
+                used
+                if other.device_class == request.device_class
+                else self._used(db, other.device_class)
+            )
+            if not isinstance(place(other, self.inventory, other_used), Refusal):
+                return str(gang_id)
+        return None
+
+    def renew(self, lease_id: str, ttl_s: float) -> Lease:
+        with self._transaction() as db:
+            now = self.clock()
+            self._expire(db, now)
+            updated = db.execute(
+                "UPDATE leases SET expires_at = ? WHERE lease_id = ?", (now + ttl_s, lease_id)
+            ).rowcount
+            if updated == 0:
+                raise LeaseLostError(f"lease {lease_id} expired or was released")
+            row = db.execute("SELECT * FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
+            return self._lease(row)
+
+    def release(self, lease_id: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
+
+    def lease_for(self, gang_id: str) -> Lease | None:
+        with self._transaction() as db:
+            self._expire(db, self.clock())
+            row = db.execute("SELECT * FROM leases WHERE gang_id = ?", (gang_id,)).fetchone()
+            return None if row is None else self._lease(row)
+
+    def leases(self) -> list[Lease]:
+        with self._transaction() as db:
+            self._expire(db, self.clock())
+            rows = db.execute("SELECT * FROM leases ORDER BY acquired_at").fetchall()
+            return [self._lease(row) for row in rows]
+
+    def waiting(self) -> list[tuple[GangRequest, float]]:
+        with self._transaction() as db:
+            self._expire(db, self.clock())
+            rows = db.execute(
+                "SELECT request, enqueued_at FROM waiting ORDER BY priority DESC, enqueued_at"
+            ).fetchall()
+            return [(GangRequest.from_json(str(r)), float(t)) for r, t in rows]
+
+    def used_devices(self, device_class: str | None = None) -> dict[str, set[int]]:
+        with self._transaction() as db:
+            self._expire(db, self.clock())
+            if device_class is not None:
+                return self._used(db, device_class)
+            used: dict[str, set[int]] = {}
+            for node, cls, device in db.execute("SELECT node, device_class, device FROM claims"):
+                used.setdefault(f"{node}/{cls}", set()).add(int(device))
+            return used
+
+
+__all__ = ["LeaseLedger", "LeaseLostError", "WorkerPlacement"]

@@ -1,0 +1,75 @@
+"""What a gang asks for, what it is granted, and why it may have to wait."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+DeviceClass = Literal["cpu", "gpu", "npu"]
+
+
+@dataclass(frozen=True)
+class GangRequest:
+    gang_id: str  # stable, e.g. "dag_id/run_id/task_id": one lease per gang
+    team: str
+    device_class: DeviceClass
+    model: str | None  # None = any one model; a gang never mixes models
+    workers: int
+    devices_per_worker: int
+    priority: int = 0  # higher goes first
+    preemptible: bool = True
+
+    @property
+    def devices(self) -> int:
+        return self.workers * self.devices_per_worker
+
+    def label(self) -> str:
+        return self.device_class if self.model is None else f"{self.model} {self.device_class}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GangRequest:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    rank: int
+    node: str
+    devices: tuple[int, ...]  # device indices on that node
+
+
+@dataclass(frozen=True)
+class Lease:
+    lease_id: str
+    gang_id: str
+    holder: str
+    team: str
+    device_class: str
+    model: str | None
+    placements: tuple[WorkerPlacement, ...]
+    priority: int
+    preemptible: bool
+    acquired_at: float
+    expires_at: float
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.node for p in self.placements))
+
+    def placements_json(self) -> str:
+        return json.dumps([asdict(p) for p in self.placements])
+
+    @staticmethod
+    def placements_from_json(text: str) -> tuple[WorkerPlacement, ...]:
+        data: list[dict[str, Any]] = json.loads(text)
+        return tuple(WorkerPlacement(p["rank"], p["node"], tuple(p["devices"])) for p in data)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str  # plain words: why not now, or why never
+    never: bool  # True: can never fit this inventory, fail fast
