@@ -1,10 +1,317 @@
-"""``GangTrainingOperator``: compiles into DAGs today; execution arrives in a later release."""
+"""``GangTrainingOperator``: all workers start together or none do, and waiting is deferred.
+
+Flow of one task try:
+  execute  -> a gang with this id already running? reattach (never a second copy)
+           -> lease granted at once? start the gang; else defer to LeaseTrigger
+  lease_granted  -> start the gang through the backend, defer to GangTrigger
+  gang_finished  -> succeeded: release the lease, return the checkpoint;
+                    preempted: release, wait for devices again, resume;
+                    failed: release and fail the task with the gang's reason
+A retried task recomputes the same gang id, so it reattaches to a gang that is
+still running, or resumes from the newest committed checkpoint.
+"""
 
 from __future__ import annotations
 
-from tideflow.operators.base import NotYetAvailableOperator
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from tideflow.operators.base import TideflowOperator
+from tideflow.operators.triggers import GangTrigger, LeaseTrigger
+
+DEFAULT_WAIT_S = 7 * 24 * 3600
 
 
-class GangTrainingOperator(NotYetAvailableOperator):
-    kind = "gang_training"
-    template_fields = ("config",)
+class GangTrainingOperator(TideflowOperator):
+    template_fields = (
+        "entrypoint",
+        "args",
+        "env",
+        "workers",
+        "devices_per_worker",
+        "max_restarts",
+        "checkpoint",
+    )
+    template_fields_renderers = {"args": "json", "env": "json", "checkpoint": "json"}
+    ui_color = "#f9e79f"
+
+    def __init__(
+        self,
+        *,
+        entrypoint: str | list[str],
+        workers: int | str,
+        devices_per_worker: int | str = 1,
+        device: dict[str, Any] | None = None,
+        args: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        checkpoint: dict[str, Any] | None = None,
+        max_restarts: int | str = 3,
+        priority: int = 0,
+        preemptible: bool = True,
+        min_workers: int | str | None = None,
+        lease_poll_s: float = 5.0,
+        gang_poll_s: float = 2.0,
+        wait_timeout_s: float = DEFAULT_WAIT_S,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.entrypoint = entrypoint
+        self.workers = workers
+        self.devices_per_worker = devices_per_worker
+        self.device = device or {"class": "cpu", "model": None}
+        self.args = args or {}
+        self.env = env or {}
+        self.checkpoint = checkpoint or {"keep_last": 3}
+        self.max_restarts = max_restarts
+        self.priority = priority
+        self.preemptible = preemptible
+        self.min_workers = min_workers
+        self.lease_poll_s = lease_poll_s
+        self.gang_poll_s = gang_poll_s
+        self.wait_timeout_s = wait_timeout_s
+
+    # -- helpers ---------------------------------------------------------------
+    def _gang_id(self, context: Context) -> str:
+        from tideflow.gangs import gang_id_for
+
+        return gang_id_for(self.dag_id, context["run_id"], self.task_id)
+
+    def _paths(self) -> tuple[Path, Path, str | None]:
+        from tideflow.config import Settings
+
+        settings = Settings.from_env()
+        cluster = str(settings.cluster_file) if settings.cluster_file else None
+        return settings.home / "leases.db", settings.home / "gangs", cluster
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "workers": self.workers,
+            "devices_per_worker": self.devices_per_worker,
+            "priority": self.priority,
+            "preemptible": self.preemptible,
+        }
+
+    def _deadline(self, context: Context) -> float:
+        # Absolute, so a trigger resumed after a triggerer restart keeps its limit.
+        start = context["ti"].start_date
+        base = start.timestamp() if start is not None else time.time()
+        return base + self.wait_timeout_s
+
+    # -- Airflow entry points ----------------------------------------------------
+    def execute(self, context: Context) -> Any:
+        from tideflow.backends.local import LocalBackend
+        from tideflow.gangs import build_request, holder_name, open_ledger, request_to_dict
+        from tideflow.scheduling import Lease
+
+        gang_id = self._gang_id(context)
+        ledger_path, state_dir, cluster = self._paths()
+        running = LocalBackend(state_dir).reattach(gang_id)
+        if running is not None:
+            self.log.info(
+                "tideflow: gang %s is already running (%s); reattaching instead of "
+                "starting a second copy",
+                gang_id,
+                running.state,
+            )
+            return self._defer_to_gang(context, gang_id)
+        request = build_request(gang_id, self.team, self._config())
+        ledger = open_ledger(ledger_path, cluster)
+        result = ledger.try_acquire(request, holder_name(), 300.0)
+        if isinstance(result, Lease):
+            return self._start(context, result)
+        if result.never:
+            raise AirflowFailException(f"tideflow: gang can never be placed: {result.reason}")
+        self.log.info("tideflow: waiting for devices without holding any: %s", result.reason)
+        self.defer(
+            trigger=LeaseTrigger(
+                request=request_to_dict(request),
+                ledger_path=str(ledger_path),
+                cluster_file=cluster,
+                holder=holder_name(),
+                ttl_s=300.0,
+                deadline=self._deadline(context),
+                poll_s=self.lease_poll_s,
+            ),
+            method_name="lease_granted",
+        )
+
+    def lease_granted(self, context: Context, event: dict[str, Any]) -> Any:
+        from tideflow.gangs import open_ledger
+
+        if event["status"] == "never":
+            raise AirflowFailException(f"tideflow: gang can never be placed: {event['reason']}")
+        if event["status"] == "timeout":
+            raise AirflowException(f"tideflow: gave up waiting for devices: {event['reason']}")
+        ledger_path, _, cluster = self._paths()
+        lease = open_ledger(ledger_path, cluster).lease_for(self._gang_id(context))
+        if lease is None:
+            raise AirflowException("tideflow: the granted lease expired before the gang started")
+        return self._start(context, lease)
+
+    def _start(self, context: Context, lease: Any) -> Any:
+        from tideflow.backends.local import LocalBackend
+        from tideflow.gangs import build_job, checkpoint_env
+
+        ledger_path, state_dir, _ = self._paths()
+        ctx = self.step_context(context)
+        store = self.checkpoint.get("store") or f"{ctx.artifact_root}/{ctx.run_prefix}/checkpoints"
+        env = {**{k: str(v) for k, v in self.env.items()}, **checkpoint_env(self.checkpoint, store)}
+        env.update(self._tracking_env(context, ctx))
+        command = self._command(ctx, state_dir / "contexts")
+        job = build_job(
+            lease,
+            command=command,
+            env=env,
+            device_class=self.device["class"],
+            max_restarts=int(self.max_restarts),
+            ledger_path=ledger_path,
+        )
+        placement = "; ".join(f"rank {s.rank} -> {s.node}{list(s.devices)}" for s in job.slots)
+        self.log.info("tideflow: lease %s granted: %s", lease.lease_id, placement)
+        LocalBackend(state_dir).submit(job)
+        return self._defer_to_gang(context, job.gang_id)
+
+    def _tracking_env(self, context: Context, ctx: Any) -> dict[str, str]:
+        """MLflow runs for this DAG run and step; rank 0 of the gang logs into the step's run."""
+        from tideflow.tracking import ensure_runs, tracking_enabled
+
+        if not tracking_enabled():
+            return {}
+        try:
+            ids = ensure_runs(
+                pipeline=self.pipeline,
+                team=self.team,
+                dag_id=self.dag_id,
+                dag_run_id=ctx.run_id,
+                step=self.task_id,
+                kind="gang_training",
+                params=ctx.params,
+            )
+        except Exception as exc:  # MLflow down must not stop training
+            self.log.warning("tideflow: MLflow is unreachable (%s); training runs untracked", exc)
+            return {}
+        context["ti"].xcom_push(key="mlflow_run_id", value=ids.step_run_id)
+        self.log.info("tideflow: MLflow run %s (parent %s)", ids.step_run_id, ids.pipeline_run_id)
+        return {"MLFLOW_RUN_ID": ids.step_run_id, "MLFLOW_EXPERIMENT_ID": ids.experiment_id}
+
+    def _record(self, context: Context, status: Any, outputs: dict[str, Any]) -> None:
+        from tideflow.tracking import finish_step_run, tracking_enabled
+
+        run_id = context["ti"].xcom_pull(task_ids=self.task_id, key="mlflow_run_id")
+        if not tracking_enabled() or not run_id:
+            return
+        device_class = self.device["class"]
+        tags = {"tideflow.gang_state": str(status.state), "tideflow.restarts": str(status.restarts)}
+        if outputs.get("checkpoint"):
+            tags["tideflow.checkpoint"] = str(outputs["checkpoint"])
+            tags["tideflow.checkpoint_checksum"] = str(outputs.get("checkpoint_checksum"))
+        try:
+            finish_step_run(
+                run_id,
+                succeeded=str(status.state) == "succeeded",
+                tags=tags,
+                metrics={
+                    f"{device_class}_hours": status.device_seconds / 3600,
+                    "restarts": float(status.restarts),
+                },
+            )
+        except Exception as exc:
+            self.log.warning("tideflow: could not record the gang on MLflow: %s", exc)
+
+    def _command(self, ctx: Any, scratch: Path) -> list[str]:
+        if not isinstance(self.entrypoint, str):
+            return [str(part) for part in self.entrypoint]
+        import json
+
+        from tideflow.storage import safe_segment
+
+        directory = scratch / safe_segment(f"{ctx.dag_id}-{ctx.run_id}-{ctx.step}")
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "context.json").write_text(ctx.to_json())
+        (directory / "args.json").write_text(json.dumps(self.args, default=str))
+        return [
+            "python",
+            "-m",
+            "tideflow.steps.runner",
+            self.entrypoint,
+            str(directory / "context.json"),
+            str(directory / "args.json"),
+            str(directory / "outputs-rank-{rank}.json"),
+        ]
+
+    def _defer_to_gang(self, context: Context, gang_id: str) -> None:
+        _, state_dir, _ = self._paths()
+        self.defer(
+            trigger=GangTrigger(
+                gang_id=gang_id,
+                state_dir=str(state_dir),
+                deadline=self._deadline(context),
+                poll_s=self.gang_poll_s,
+            ),
+            method_name="gang_finished",
+        )
+
+    def gang_finished(self, context: Context, event: dict[str, Any]) -> Any:
+        from tideflow.backends.protocol import GangState, GangStatus
+        from tideflow.gangs import open_ledger
+
+        gang_id = self._gang_id(context)
+        ledger_path, _, cluster = self._paths()
+        ledger = open_ledger(ledger_path, cluster)
+        lease = ledger.lease_for(gang_id)
+        if event["status"] == "unknown":
+            raise AirflowException(f"tideflow: the backend does not know gang {gang_id}")
+        status = GangStatus.from_json(event["gang"])
+        if event["status"] == "timeout":
+            raise AirflowException(f"tideflow: gang {gang_id} still {status.state} at deadline")
+        if lease is not None:
+            ledger.release(lease.lease_id)
+        self.log.info(
+            "tideflow: gang %s %s after %d restart(s), %.3f device-hours",
+            gang_id,
+            status.state,
+            status.restarts,
+            status.device_seconds / 3600,
+        )
+        if status.state is GangState.SUCCEEDED:
+            outputs = self._outputs(context, status)
+            self._record(context, status, outputs)
+            return outputs
+        if status.state is GangState.PREEMPTED:
+            self.log.info(
+                "tideflow: gang preempted after a checkpoint; waiting for devices to resume"
+            )
+            return self.execute(context)
+        raise AirflowException(
+            f"tideflow: gang {status.state}: {status.message} (restarts: {status.restarts})"
+        )
+
+    def _outputs(self, context: Context, status: Any) -> dict[str, Any]:
+        ctx = self.step_context(context)
+        store = self.checkpoint.get("store") or f"{ctx.artifact_root}/{ctx.run_prefix}/checkpoints"
+        outputs: dict[str, Any] = {
+            "checkpoint_store": store,
+            "restarts": status.restarts,
+            "device_hours": status.device_seconds / 3600,
+        }
+        try:
+            from tideflow.checkpoint import CheckpointManager
+
+            manifest = CheckpointManager(store).latest()
+        except ImportError:  # pragma: no cover - checkpoint package absent
+            manifest = None
+        if manifest is not None:
+            outputs.update(
+                {
+                    "checkpoint": manifest.uri,
+                    "checkpoint_step": manifest.step,
+                    "checkpoint_checksum": manifest.checksum,
+                    "metrics": manifest.metrics,
+                }
+            )
+        return outputs

@@ -25,6 +25,22 @@ def _operator_kwargs(task: TaskPlan) -> dict[str, Any]:
             "env": config.get("env", {}),
             "outputs": tuple(config.get("outputs", ())),
         }
+    if task.kind == "gang_training":
+        config = task.config
+        keys = (
+            "entrypoint",
+            "args",
+            "env",
+            "workers",
+            "min_workers",
+            "devices_per_worker",
+            "device",
+            "checkpoint",
+            "max_restarts",
+            "priority",
+            "preemptible",
+        )
+        return {key: config[key] for key in keys}
     return {"config": task.config}
 
 

@@ -1,0 +1,135 @@
+"""Triggers that let gang steps wait without holding an Airflow worker slot.
+
+Both triggers carry absolute deadlines (epoch seconds), never relative
+timeouts: a trigger that is serialised, and resumed by another triggerer after
+a restart, must not get its waiting time back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+MODULE = "tideflow.operators.triggers"
+
+
+class LeaseTrigger(BaseTrigger):
+    """Polls the lease ledger until the gang's devices are granted, or it can never fit."""
+
+    def __init__(
+        self,
+        *,
+        request: dict[str, Any],
+        ledger_path: str,
+        cluster_file: str | None,
+        holder: str,
+        ttl_s: float,
+        deadline: float,
+        poll_s: float = 5.0,
+    ) -> None:
+        super().__init__()
+        self.request = request
+        self.ledger_path = ledger_path
+        self.cluster_file = cluster_file
+        self.holder = holder
+        self.ttl_s = ttl_s
+        self.deadline = deadline
+        self.poll_s = poll_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{MODULE}.LeaseTrigger", {
+            "request": self.request,
+            "ledger_path": self.ledger_path,
+            "cluster_file": self.cluster_file,
+            "holder": self.holder,
+            "ttl_s": self.ttl_s,
+            "deadline": self.deadline,
+            "poll_s": self.poll_s,
+        }
+
+    def _try_once(self) -> dict[str, Any]:
+        from tideflow.gangs import open_ledger, request_from_dict
+        from tideflow.scheduling import Lease
+
+        ledger = open_ledger(Path(self.ledger_path), self.cluster_file)
+        result = ledger.try_acquire(request_from_dict(self.request), self.holder, self.ttl_s)
+        if isinstance(result, Lease):
+            return {"status": "granted", "lease_id": result.lease_id}
+        return {"status": "never" if result.never else "waiting", "reason": result.reason}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        last_reason = ""
+        while True:
+            outcome = await asyncio.to_thread(self._try_once)
+            if outcome["status"] in ("granted", "never"):
+                yield TriggerEvent(outcome)
+                return
+            if outcome["reason"] != last_reason:
+                self.log.info("tideflow: waiting for devices: %s", outcome["reason"])
+                last_reason = outcome["reason"]
+            if time.time() >= self.deadline:
+                yield TriggerEvent({"status": "timeout", "reason": outcome["reason"]})
+                return
+            await asyncio.sleep(self.poll_s)
+
+
+class GangTrigger(BaseTrigger):
+    """Follows a running gang: streams its log into the task log, fires when it finishes."""
+
+    def __init__(
+        self,
+        *,
+        gang_id: str,
+        state_dir: str,
+        deadline: float,
+        poll_s: float = 2.0,
+        log_offset: int = 0,
+    ) -> None:
+        super().__init__()
+        self.gang_id = gang_id
+        self.state_dir = state_dir
+        self.deadline = deadline
+        self.poll_s = poll_s
+        self.log_offset = log_offset
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{MODULE}.GangTrigger", {
+            "gang_id": self.gang_id,
+            "state_dir": self.state_dir,
+            "deadline": self.deadline,
+            "poll_s": self.poll_s,
+            "log_offset": self.log_offset,
+        }
+
+    def _stream_log(self, path: Path) -> None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as log:
+                log.seek(self.log_offset)
+                for line in log:
+                    self.log.info("%s", line.rstrip("\n"))
+                self.log_offset = log.tell()
+        except FileNotFoundError:
+            pass
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from tideflow.backends.local import LocalBackend
+
+        backend = LocalBackend(Path(self.state_dir))
+        while True:
+            status = await asyncio.to_thread(backend.status, self.gang_id)
+            await asyncio.to_thread(self._stream_log, backend.log_path(self.gang_id))
+            if status is None:
+                yield TriggerEvent({"status": "unknown", "gang_id": self.gang_id})
+                return
+            if status.state.finished:
+                yield TriggerEvent({"status": "finished", "gang": status.to_json()})
+                return
+            if time.time() >= self.deadline:
+                yield TriggerEvent({"status": "timeout", "gang": status.to_json()})
+                return
+            await asyncio.sleep(self.poll_s)
