@@ -76,6 +76,7 @@ class Supervisor:
         self.device_seconds = 0.0
         self.attempt_started: float | None = None
         self.devices = sum(max(1, len(slot.devices)) for slot in self.job.slots)
+        self.next_renewal = 0.0
         self.log_lock = threading.Lock()
         self.gang_log = open(directory / "gang.log", "a", encoding="utf-8")  # noqa: SIM115
 
@@ -100,6 +101,7 @@ class Supervisor:
             self.started_at,
             time.time() if state.finished else None,
             tuple(self.events[-50:]),
+            self.device_seconds + self._running_seconds() * self.devices,
         )
         tmp = self.directory / "status.json.tmp"
         tmp.write_text(status.to_json())
@@ -163,7 +165,48 @@ class Supervisor:
         self.device_seconds += self._running_seconds() * self.devices
         self.attempt_started = None
 
+    def _ledger(self) -> object | None:
+        if not (self.job.lease_id and self.job.lease_db):
+            return None
+        from tideflow.inventory import inventory_for
+        from tideflow.scheduling import LeaseLedger
+
+        return LeaseLedger(
+            Path(self.job.lease_db), inventory_for(os.environ.get("TIDEFLOW_CLUSTER_FILE"))
+        )
+
+    def renew_lease(self) -> None:
+        """The supervisor holds the gang's lease: it lives exactly as long as the gang."""
+        if time.monotonic() < self.next_renewal or self.request == "preempting":
+            return
+        self.next_renewal = time.monotonic() + self.job.lease_ttl_s / 3
+        ledger = self._ledger()
+        if ledger is None:
+            return
+        from tideflow.scheduling import LeaseLedger, LeaseLostError
+
+        assert isinstance(ledger, LeaseLedger) and self.job.lease_id
+        try:
+            ledger.renew(self.job.lease_id, self.job.lease_ttl_s)
+        except LeaseLostError:
+            self.event("the gang's lease was lost (expired or taken back): preempting")
+            self.request = "preempt"
+
+    def release_lease(self) -> None:
+        ledger = self._ledger()
+        if ledger is not None and self.job.lease_id:
+            from tideflow.scheduling import LeaseLedger
+
+            assert isinstance(ledger, LeaseLedger)
+            ledger.release(self.job.lease_id)
+
     def run(self) -> GangState:
+        try:
+            return self._run()
+        finally:
+            self.release_lease()
+
+    def _run(self) -> GangState:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "request", "cancel"))
         signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "request", "preempt"))
         if self.job.emulated:
@@ -174,6 +217,7 @@ class Supervisor:
         self.launch()
         while True:
             time.sleep(POLL_S)
+            self.renew_lease()
             if self.request == "cancel":
                 self.event("cancel requested: stopping all workers")
                 self.stop_all(STOP_GRACE_S)
