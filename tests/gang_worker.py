@@ -5,6 +5,7 @@ GANG_TEST_MODE:
   fail-once     rank 1 exits 3 on the first attempt, every rank succeeds afterwards
   fail-always   rank 1 always exits 3
   sleep         run until SIGTERM; on SIGTERM exit 75 ("checkpointed, resumable")
+  slow          sleep GANG_TEST_SECONDS (default 3), then exit 0
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ if mode == "fail-once" and rank == 1 and restart == 0:
     sys.exit(3)
 if mode == "fail-always" and rank == 1:
     sys.exit(3)
+if mode == "slow":
+    time.sleep(float(os.environ.get("GANG_TEST_SECONDS", "3")))
 if mode == "sleep":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))
     print("ready", flush=True)
