@@ -55,3 +55,27 @@ def airflow_home() -> Iterator[Path]:
 @pytest.fixture
 def artifact_root() -> Path:
     return Path(os.environ["TIDEFLOW_ARTIFACT_ROOT"].removeprefix("file://"))
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real SeaweedFS S3 server on 127.0.0.1 (buckets: tideflow, mlflow), for this session.
+
+    boto3 is pointed at it through its own environment variables, as users do.
+    """
+    from tideflow.stack.processes import stop_group
+    from tideflow.stack.services import LOCAL_S3_CREDENTIALS, StackState, start_s3
+
+    state = StackState(str(tmp_path_factory.mktemp("s3")))
+    service = start_s3(state)
+    previous = {k: os.environ.get(k) for k in (*LOCAL_S3_CREDENTIALS, "AWS_ENDPOINT_URL_S3")}
+    os.environ.update({**LOCAL_S3_CREDENTIALS, "AWS_ENDPOINT_URL_S3": service.url})
+    try:
+        yield service.url
+    finally:
+        stop_group(service.pid)
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
