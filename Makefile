@@ -48,7 +48,8 @@ constraints: ## Re-pin deploy/local/constraints.txt from the current .venv
 	   $(VENV)/bin/pip freeze | grep -vE '^(#|-e )|^tideflow' | sed 's/^torch==2.13.0+cpu$$/torch==2.13.0/'; \
 	} > deploy/local/constraints.txt
 
-bench: bootstrap ## Run the benchmarks (results go to docs/benchmarks.md by hand)
+bench: bootstrap ## Run the DAG-parsing benchmark (installs the dag-factory baseline)
+	$(PY) -m pip install --quiet -c deploy/local/constraints.txt -e '.[bench]'
 	$(PY) bench/parse_dags.py
 
 clean: down ## Stop the stack and delete local state (.tideflow/)

@@ -15,5 +15,5 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch is pinned to the CPU build (2.13.0); an unpinned torch would pull a
 # multi-GB CUDA build.
-.venv/bin/python -m pip install --quiet -c deploy/local/constraints.txt -e '.[platform,dev,bench]'
+.venv/bin/python -m pip install --quiet -c deploy/local/constraints.txt -e '.[platform,dev]'
 echo "tideflow installed in .venv ($(.venv/bin/python -c 'import tideflow; print(tideflow.__version__)'))"
