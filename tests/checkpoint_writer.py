@@ -1,6 +1,6 @@
 """Child process for the crash-consistency test: saves checkpoints until it is killed.
 
-    python tests/checkpoint_writer.py STORE_URI SEED
+python tests/checkpoint_writer.py STORE_URI SEED
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ def test_save_latest_and_read_back(tmp_path: Path) -> None:
     assert checkpoints.latest() is None
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(3_000_000))
-    first = checkpoints.save(10, {"model.pt": b"weights-10", "optim.pt": big},
-                             metrics={"loss": 0.5}, meta={"epoch": 1})
+    first = checkpoints.save(
+        10, {"model.pt": b"weights-10", "optim.pt": big}, metrics={"loss": 0.5}, meta={"epoch": 1}
+    )
     checkpoints.save(20, {"model.pt": b"weights-20"}, metrics={"loss": 0.4})
     latest = checkpoints.latest()
     assert latest is not None and latest.step == 20
@@ -95,8 +96,9 @@ def test_retention_keeps_last_best_protected_and_marked(tmp_path: Path) -> None:
     assert deleted == [1, 5]
     assert [m.step for m in checkpoints.committed()] == [2, 3, 4, 6, 7]
     assert checkpoints.marked("last-good") == 4
-    assert not (tmp_path / "step-000000000000").exists() or \
-        not list((tmp_path / "step-000000000000").iterdir())
+    assert not (tmp_path / "step-000000000000").exists() or not list(
+        (tmp_path / "step-000000000000").iterdir()
+    )
 
 
 def test_unsafe_shard_names_are_rejected(tmp_path: Path) -> None:
@@ -113,8 +115,12 @@ def crash_trials(uri: str, trials: int, seed: int, check: CheckpointManager) -> 
     last_step = -1
     committed_seen = 0
     for trial in range(trials):
-        child = subprocess.Popen([sys.executable, WRITER, uri, str(trial)],
-                                 stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+        child = subprocess.Popen(
+            [sys.executable, WRITER, uri, str(trial)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
+        )
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.0, 0.15))
@@ -152,6 +158,10 @@ def test_s3_round_trip_multipart_and_crash_consistency(s3_endpoint: str) -> None
     assert latest.shard("model.pt").size == 70 * 1024 * 1024
     # create-only manifests on S3, through conditional writes
     assert checkpoints.store.put_bytes_if_absent("step-000000000001/MANIFEST.json", b"x") is False
-    committed = crash_trials("s3://tideflow/tests/crash", 20, seed=3,
-                             check=CheckpointManager("s3://tideflow/tests/crash"))
+    committed = crash_trials(
+        "s3://tideflow/tests/crash",
+        20,
+        seed=3,
+        check=CheckpointManager("s3://tideflow/tests/crash"),
+    )
     assert committed > 5

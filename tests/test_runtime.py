@@ -1,0 +1,142 @@
+"""tideflow.runtime pieces that need no process group: sampler, seeds, health, AMP."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from tideflow.runtime import (
+    HealthGuard,
+    MixedPrecision,
+    ResumableDistributedSampler,
+    TrainingDiverged,
+    TrainingStalled,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
+
+
+def consume(sampler: ResumableDistributedSampler, batches: int) -> list[int]:
+    seen: list[int] = []
+    iterator = sampler.batches()
+    while len(seen) < batches * sampler.batch_size:
+        try:
+            seen += next(iterator).tolist()
+        except StopIteration:
+            iterator = sampler.batches()
+    return seen
+
+
+@pytest.mark.parametrize("stop_after", [1, 7, 11, 12, 25])
+def test_sampler_resumes_without_skipping_or_repeating(stop_after: int) -> None:
+    total = 40  # batches per rank, several epochs of 11
+    for rank in range(2):
+        straight = ResumableDistributedSampler(100, batch_size=4, world_size=2, rank=rank, seed=3)
+        expected = consume(straight, total)
+        first = ResumableDistributedSampler(100, batch_size=4, world_size=2, rank=rank, seed=3)
+        before = consume(first, stop_after)
+        resumed = ResumableDistributedSampler(100, batch_size=4, world_size=2, rank=rank, seed=3)
+        resumed.load_state_dict(first.state_dict())
+        after = consume(resumed, total - stop_after)
+        assert before + after == expected
+
+
+def test_sampler_ranks_are_disjoint_and_cover_an_epoch() -> None:
+    ranks = [
+        ResumableDistributedSampler(96, batch_size=4, world_size=3, rank=r, seed=0)
+        for r in range(3)
+    ]
+    epoch = [consume(s, s.batches_per_epoch) for s in ranks]
+    flat = [i for part in epoch for i in part]
+    assert len(flat) == len(set(flat)) == 96
+
+
+def test_sampler_refuses_a_different_gang_shape() -> None:
+    two = ResumableDistributedSampler(100, batch_size=4, world_size=2, rank=0, seed=0)
+    three = ResumableDistributedSampler(100, batch_size=4, world_size=3, rank=0, seed=0)
+    with pytest.raises(ValueError, match="same gang shape"):
+        three.load_state_dict(two.state_dict())
+
+
+def test_rng_state_round_trips_through_weights_only_load(tmp_path: object) -> None:
+    import io
+
+    seed_everything(11)
+    saved = rng_state()
+    buffer = io.BytesIO()
+    torch.save(saved, buffer)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    seed_everything(99)
+    set_rng_state(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0])
+    assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+@pytest.mark.parametrize(
+    ("losses", "message"),
+    [
+        ([1.0, 0.9, math.nan], "loss is nan at step 3"),
+        ([1.0, math.inf], "loss is inf at step 2"),
+        ([1.0, 0.9, 0.8, 0.85, 0.8, 0.7, 50.0], "loss exploded at step 7: 50 is more than 10x"),
+    ],
+)
+def test_health_guard_stops_divergence(losses: list[float], message: str) -> None:
+    guard = HealthGuard(explode_factor=10, warmup=5)
+    with pytest.raises(TrainingDiverged, match=message):
+        for step, loss in enumerate(losses, start=1):
+            guard.check_loss(step, loss)
+
+
+def test_health_guard_tolerates_noise_and_stops_a_stall() -> None:
+    guard = HealthGuard(patience_evals=3, min_delta=0.01, mode="max")
+    for step, loss in enumerate([1.0, 1.3, 0.8, 1.1, 0.9, 1.2, 2.5], start=1):
+        guard.check_loss(step, loss)  # 2.5 is noisy, not 10x the median
+    guard.check_eval(10, 0.90)
+    guard.check_eval(20, 0.95)
+    guard.check_eval(30, 0.955)
+    guard.check_eval(40, 0.951)
+    with pytest.raises(TrainingStalled, match="3 evaluations without beating 0.95"):
+        guard.check_eval(50, 0.952)
+
+
+def test_health_guard_catches_a_huge_learning_rate_within_a_few_steps() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    guard = HealthGuard(explode_factor=10, warmup=5)
+    for step in range(1, 11):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        guard.check_loss(step, loss.item())
+    for group in optimizer.param_groups:
+        group["lr"] = 50.0  # the bad learning rate arrives at step 11
+    with pytest.raises(TrainingDiverged) as caught:
+        for step in range(11, 30):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            guard.check_loss(step, loss.item())
+    stopped_at = int(str(caught.value).split("step ")[1].split(":")[0].split()[0])
+    assert stopped_at <= 14
+
+
+def test_mixed_precision_is_off_on_cpu() -> None:
+    precision = MixedPrecision(torch.device("cpu"))
+    assert not precision.enabled and not precision.scaler.is_enabled()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mixed_precision_uses_bf16_or_scaled_fp16_on_gpu() -> None:
+    precision = MixedPrecision(torch.device("cuda"))
+    assert precision.dtype in (torch.bfloat16, torch.float16)
+    assert precision.scaler.is_enabled() == (precision.dtype == torch.float16)

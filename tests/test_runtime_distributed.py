@@ -1,0 +1,153 @@
+"""Two real gloo workers training the digits MLP through the local gang backend.
+
+Checks the promises of the runtime end to end: a preempted gang (SIGTERM) and
+a gang with a worker killed by SIGKILL both resume from their newest committed
+checkpoint and end with weights bitwise equal to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tideflow.backends import GangJob, GangState, WorkerSlot
+from tideflow.backends.local import LocalBackend
+from tideflow.checkpoint import CheckpointManager
+from tideflow.examples.digits import prepare
+from tideflow.steps import StepContext
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("digits")
+    ctx = StepContext(
+        pipeline="digits",
+        team="t",
+        step="prep",
+        dag_id="digits",
+        run_id="r",
+        try_number=1,
+        artifact_root=root.as_uri(),
+    )
+    return prepare(ctx)
+
+
+def job(
+    gang_id: str,
+    splits: dict[str, str],
+    checkpoints: str,
+    *,
+    max_restarts: int = 0,
+    step_delay: float = 0.0,
+) -> GangJob:
+    command = (
+        sys.executable,
+        "-m",
+        "tideflow.examples.digits_train",
+        "--train",
+        splits["train"],
+        "--validation",
+        splits["validation"],
+        "--epochs",
+        "6",
+        "--checkpoint-every",
+        "10",
+        "--step-delay",
+        str(step_delay),
+    )
+    return GangJob(
+        gang_id,
+        command,
+        {"TIDEFLOW_CHECKPOINT_URI": checkpoints},
+        (WorkerSlot(0, "localhost", (0,)), WorkerSlot(1, "localhost", (1,))),
+        "cpu",
+        False,
+        max_restarts,
+    )
+
+
+def final_weights(checkpoints: str) -> tuple[int, dict[str, torch.Tensor]]:
+    manager = CheckpointManager(checkpoints)
+    manifest = manager.latest()
+    assert manifest is not None
+    state = torch.load(io.BytesIO(manager.read_shard(manifest, "model.pt")), weights_only=True)
+    return manifest.step, state["model"]
+
+
+def wait_for_step(log: Path, step: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and f"step {step} loss" in log.read_text():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"step {step} not reached; log:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def reference(
+    splits: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[int, dict[str, torch.Tensor]]:
+    root = tmp_path_factory.mktemp("reference")
+    backend = LocalBackend(root / "gangs")
+    checkpoints = (root / "ckpt").as_uri()
+    backend.submit(job("reference", splits, checkpoints))
+    status = backend.wait("reference", 300)
+    log = backend.log_path("reference").read_text()
+    assert status.state is GangState.SUCCEEDED, log[-3000:]
+    accuracy = float(re.findall(r'"val_accuracy": ([0-9.]+)', log)[-1])
+    assert accuracy >= 0.93, log[-2000:]  # 6 epochs here; the pipeline's 10 reach >= 0.95
+    return final_weights(checkpoints)
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+def test_preempted_gang_resumes_bitwise_equal(
+    splits: dict[str, str], reference: tuple[int, dict[str, torch.Tensor]], tmp_path: Path
+) -> None:
+    backend = LocalBackend(tmp_path / "gangs")
+    checkpoints = (tmp_path / "ckpt").as_uri()
+    backend.submit(job("preempt", splits, checkpoints, step_delay=0.02))
+    wait_for_step(backend.log_path("preempt"), 45)
+    backend.preempt("preempt")
+    status = backend.wait("preempt", 120)
+    assert status.state is GangState.PREEMPTED and status.exit_codes == (75, 75)
+    stopped = CheckpointManager(checkpoints).latest()
+    assert stopped is not None and 45 <= stopped.step < reference[0]
+    backend.submit(job("preempt", splits, checkpoints))  # capacity is back: resume
+    assert backend.wait("preempt", 300).state is GangState.SUCCEEDED
+    assert f"resumed from step {stopped.step}" in backend.log_path("preempt").read_text()
+    step, weights = final_weights(checkpoints)
+    assert step == reference[0]
+    assert_same(weights, reference[1])
+
+
+def test_kill_9_of_one_worker_restarts_the_gang_bitwise_equal(
+    splits: dict[str, str], reference: tuple[int, dict[str, torch.Tensor]], tmp_path: Path
+) -> None:
+    backend = LocalBackend(tmp_path / "gangs")
+    checkpoints = (tmp_path / "ckpt").as_uri()
+    backend.submit(job("crash", splits, checkpoints, max_restarts=2, step_delay=0.02))
+    log = backend.log_path("crash")
+    wait_for_step(log, 35)
+    pid = int(re.search(r"rank 1: pid (\d+)", log.read_text()).group(1))  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGKILL)
+    status = backend.wait("crash", 300)
+    text = log.read_text()
+    assert status.state is GangState.SUCCEEDED and status.restarts == 1, text[-3000:]
+    assert "rank 1 died (signal 9)" in text
+    assert re.search(r"resumed from step (\d+) \(restart 1\)", text)
+    step, weights = final_weights(checkpoints)
+    assert step == reference[0]
+    assert_same(weights, reference[1])

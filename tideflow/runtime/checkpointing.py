@@ -1,0 +1,203 @@
+"""Asynchronous, multi-rank checkpoints on top of ``CheckpointManager``.
+
+The training loop pays only for copying its tensors into CPU buffers (the
+"stall", measured on every save); serialising, hashing and writing happen in a
+background thread. Buffers are reused from save to save, so the copy lands in
+memory that is already mapped instead of faulting in fresh pages.
+
+Every rank writes its own shard (``rank-R.pt``: its RNG state and extras);
+rank 0 also writes ``model.pt`` (model, optimizer, scaler, sampler, step). A
+rank whose shard is written leaves a receipt in the store; rank 0 commits the
+manifest once it holds every rank's receipt. No collective is needed, so the
+commit never waits for the training loop, and a checkpoint that lacks a rank's
+shard is never committed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+
+from tideflow.checkpoint import CheckpointManager, Manifest, ShardRecord
+from tideflow.checkpoint.manifest import step_prefix
+from tideflow.runtime.distributed import DistInfo
+
+log = logging.getLogger("tideflow.runtime")
+RECEIPT_TIMEOUT_S = 600.0
+
+
+def _serialise(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _load(data: bytes) -> Any:
+    # weights_only: a checkpoint never unpickles arbitrary objects
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+class _Snapshot:
+    """Reusable CPU copies of a nested state (dicts/lists of tensors and plain values)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def copy(self, obj: Any, path: str = "") -> Any:
+        if isinstance(obj, torch.Tensor):
+            source = obj.detach()
+            buffer = self.buffers.get(path)
+            if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
+                buffer = torch.empty_like(source, device="cpu")
+                self.buffers[path] = buffer
+            buffer.copy_(source)
+            return buffer
+        if isinstance(obj, dict):
+            return {k: self.copy(v, f"{path}/{k}") for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.copy(v, f"{path}/{i}") for i, v in enumerate(obj))
+        return obj
+
+
+class AsyncCheckpointer:
+    def __init__(self, manager: CheckpointManager, dist: DistInfo) -> None:
+        self.manager = manager
+        self.dist = dist
+        self.stall_seconds: list[float] = []
+        self.last_committed: Manifest | None = None
+        self.resumed_from: int | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._snapshots = (_Snapshot(), _Snapshot())
+
+    # -- saving --------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        *,
+        rank_state: dict[str, Any],
+        metrics: dict[str, float] | None = None,
+        meta: dict[str, Any] | None = None,
+        block: bool = False,
+    ) -> None:
+        started = time.perf_counter()
+        self.wait()  # the previous write still owns the buffers
+        shared = self._snapshots[0].copy(state) if self.dist.is_main else None
+        mine = self._snapshots[1].copy(rank_state)
+        stall = time.perf_counter() - started
+        self.stall_seconds.append(stall)
+        log.info(
+            "tideflow: checkpoint step %d: training paused %.1f ms for the snapshot",
+            step,
+            stall * 1000,
+        )
+        self._thread = threading.Thread(
+            target=self._write,
+            args=(step, shared, mine, dict(metrics or {}), dict(meta or {})),
+            name=f"tideflow-checkpoint-{step}",
+            daemon=True,
+        )
+        self._thread.start()
+        if block:
+            self.wait()
+
+    def _write(
+        self, step: int, shared: Any, mine: Any, metrics: dict[str, float], meta: dict[str, Any]
+    ) -> None:
+        try:
+            record = self.manager.write_shard(step, f"rank-{self.dist.rank}.pt", _serialise(mine))
+            self._put_receipt(step, record)
+            if not self.dist.is_main:
+                return
+            records = [self.manager.write_shard(step, "model.pt", _serialise(shared))]
+            records += self._collect_receipts(step)
+            manifest = self.manager.commit(
+                step, records, metrics, {**meta, "world_size": self.dist.world_size}
+            )
+            self.last_committed = manifest
+            protect = [] if self.resumed_from is None else [self.resumed_from]
+            self.manager.apply_retention(protect=protect)
+            log.info("tideflow: checkpoint step %d committed: %s", step, manifest.uri)
+        except BaseException as exc:  # surfaced to the training loop by wait()
+            self._error = exc
+
+    def _put_receipt(self, step: int, record: ShardRecord) -> None:
+        receipt = json.dumps(
+            {"name": record.name, "key": record.key, "sha256": record.sha256, "size": record.size}
+        ).encode()
+        self.manager.store.put_bytes(
+            f"{step_prefix(step)}/receipt-rank-{self.dist.rank}.json", receipt
+        )
+
+    def _collect_receipts(self, step: int) -> list[ShardRecord]:
+        deadline = time.monotonic() + RECEIPT_TIMEOUT_S
+        found: dict[int, ShardRecord] = {}
+        while len(found) < self.dist.world_size:
+            for rank in range(self.dist.world_size):
+                if rank in found:
+                    continue
+                key = f"{step_prefix(step)}/receipt-rank-{rank}.json"
+                try:
+                    data = json.loads(self.manager.store.get_bytes(key))
+                except Exception:
+                    continue
+                found[rank] = ShardRecord(
+                    data["name"], data["key"], data["sha256"], int(data["size"])
+                )
+            if len(found) < self.dist.world_size:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"checkpoint step {step}: ranks "
+                        f"{sorted(set(range(self.dist.world_size)) - set(found))}"
+                        " never wrote their shards"
+                    )
+                time.sleep(0.05)
+        return [found[rank] for rank in sorted(found)]
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing a checkpoint failed: {error}") from error
+
+    def finalize(self) -> Manifest | None:
+        """Wait for the outstanding write (and, on rank 0, its commit)."""
+        self.wait()
+        return self.last_committed
+
+    # -- loading -------------------------------------------------------------------
+    def load_latest(self) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+        """(step, shared state, this rank's state) of the newest committed checkpoint."""
+        manifest = self.manager.latest()
+        if manifest is None:
+            return None
+        if int(manifest.meta.get("world_size", self.dist.world_size)) != self.dist.world_size:
+            raise RuntimeError(
+                f"checkpoint step {manifest.step} was written by "
+                f"{manifest.meta.get('world_size')} ranks, this gang has "
+                f"{self.dist.world_size}"
+            )
+        shared = _load(self.manager.read_shard(manifest, "model.pt"))
+        mine = _load(self.manager.read_shard(manifest, f"rank-{self.dist.rank}.pt"))
+        self.resumed_from = manifest.step
+        self.last_committed = manifest
+        return manifest.step, shared, mine
+
+    def mark_last_good(self) -> int | None:
+        """Mark the newest committed checkpoint as the last good one (health stop)."""
+        self.wait()
+        manifest = self.last_committed or self.manager.latest()
+        if manifest is None:
+            return None
+        if self.dist.is_main:
+            self.manager.mark(manifest.step, "last-good")
+        return manifest.step

@@ -1,0 +1,158 @@
+"""Metrics to MLflow from rank 0, without ever blocking or failing training.
+
+Records go to a queue that a background thread delivers in batches. While the
+MLflow server is unreachable they wait, with backoff, and are also appended to
+a spool file; whatever is still undelivered at the end stays in the spool, and
+``flush_spool`` (called by the operator when the gang finishes) delivers it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("tideflow.runtime")
+
+
+def spool_path(run_id: str) -> Path:
+    home = Path(os.environ.get("TIDEFLOW_HOME", Path.cwd() / ".tideflow"))
+    return home / "mlflow-spool" / f"{run_id}.jsonl"
+
+
+def _deliver(run_id: str, records: list[dict[str, Any]]) -> None:
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    metrics = [
+        Metric(r["key"], float(r["value"]), int(r["ts"]), int(r["step"]))
+        for r in records
+        if r["kind"] == "metric"
+    ]
+    params = [Param(r["key"], str(r["value"])) for r in records if r["kind"] == "param"]
+    tags = [RunTag(r["key"], str(r["value"])) for r in records if r["kind"] == "tag"]
+    for start in range(0, max(len(metrics), 1), 900):  # MLflow caps a batch at 1000 items
+        client.log_batch(
+            run_id,
+            metrics=metrics[start : start + 900],
+            params=params if start == 0 else [],
+            tags=tags if start == 0 else [],
+        )
+
+
+def flush_spool(run_id: str) -> int:
+    """Deliver what a training run could not; returns the number of records delivered."""
+    path = spool_path(run_id)
+    if not path.exists():
+        return 0
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if records:
+        _deliver(run_id, records)
+    path.unlink()
+    return len(records)
+
+
+class MetricsLogger:
+    def __init__(
+        self,
+        *,
+        is_main: bool,
+        run_id: str | None = None,
+        retry_s: float = 2.0,
+        max_retry_s: float = 60.0,
+    ) -> None:
+        self.run_id = run_id if run_id is not None else os.environ.get("MLFLOW_RUN_ID")
+        self.enabled = bool(is_main and self.run_id and os.environ.get("MLFLOW_TRACKING_URI"))
+        self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
+        self._queue: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        if self.enabled:
+            self._thread = threading.Thread(target=self._loop, name="tideflow-metrics", daemon=True)
+            self._thread.start()
+
+    def _put(self, records: list[dict[str, Any]]) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            self._queue.extend(records)
+        self._wake.set()
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self._put([{"kind": "param", "key": k, "value": v} for k, v in params.items()])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self._put(
+            [
+                {"kind": "metric", "key": k, "value": float(v), "step": step, "ts": now}
+                for k, v in metrics.items()
+            ]
+        )
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self._put([{"kind": "tag", "key": k, "value": v} for k, v in tags.items()])
+
+    def log_checkpoint(self, manifest: Any) -> None:
+        """Reference a committed checkpoint on the run (its files stay in the store)."""
+        self.set_tags(
+            {
+                "tideflow.checkpoint.latest": manifest.uri,
+                "tideflow.checkpoint.latest_sha256": manifest.checksum,
+            }
+        )
+        self.log_metrics({"checkpoint_step": float(manifest.step)}, step=manifest.step)
+
+    def _loop(self) -> None:
+        delay = self.retry_s
+        spooled = 0
+        while True:
+            self._wake.wait(timeout=delay)
+            self._wake.clear()
+            with self._lock:
+                batch = list(self._queue)
+            if batch:
+                try:
+                    assert self.run_id is not None
+                    _deliver(self.run_id, batch)
+                except Exception as exc:
+                    if spooled < len(batch):  # spool what is new since the last failure
+                        path = spool_path(self.run_id or "unknown")
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        with open(path, "a", encoding="utf-8") as spool:
+                            for record in batch[spooled:]:
+                                spool.write(json.dumps(record) + "\n")
+                        spooled = len(batch)
+                    log.warning(
+                        "tideflow: MLflow unreachable (%s); %d record(s) kept, retrying in %.0fs",
+                        type(exc).__name__,
+                        len(batch),
+                        delay,
+                    )
+                    delay = min(delay * 2, self.max_retry_s)
+                    if self._closing:
+                        return
+                    continue
+                with self._lock:
+                    del self._queue[: len(batch)]
+                if spooled:
+                    spool_path(self.run_id or "unknown").unlink(missing_ok=True)
+                    spooled = 0
+                delay = self.retry_s
+            if self._closing and not self._queue:
+                return
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        self._closing = True
+        self._wake.set()
+        self._thread.join(timeout=timeout_s)
