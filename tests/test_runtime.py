@@ -101,7 +101,7 @@ def test_health_guard_tolerates_noise_and_stops_a_stall() -> None:
     guard.check_eval(20, 0.95)
     guard.check_eval(30, 0.955)
     guard.check_eval(40, 0.951)
-    with pytest.raises(TrainingStalled, match="3 evaluations without beating 0.95"):
+    with pytest.raises(TrainingStalled, match=r"3 evaluations without beating 0\.95"):
         guard.check_eval(50, 0.952)
 
 

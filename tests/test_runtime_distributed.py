@@ -109,8 +109,8 @@ def reference(
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), f"{key} differs"
+    for key, tensor in a.items():
+        assert torch.equal(tensor, b[key]), f"{key} differs"
 
 
 def test_preempted_gang_resumes_bitwise_equal(
