@@ -42,6 +42,52 @@ class TideflowOperator(BaseOperator):
         )
 
 
+def track_step(operator: TideflowOperator, context: Context, kind: str) -> str | None:
+    """The step's MLflow run id (nested under the DAG run's), or None when untracked.
+
+    MLflow being down never fails a step: it is logged and the step runs untracked.
+    """
+    from tideflow.tracking import ensure_runs, tracking_enabled
+
+    if not tracking_enabled():
+        return None
+    ctx = operator.step_context(context)
+    try:
+        ids = ensure_runs(
+            pipeline=operator.pipeline,
+            team=operator.team,
+            dag_id=operator.dag_id,
+            dag_run_id=ctx.run_id,
+            step=operator.task_id,
+            kind=kind,
+            params=ctx.params,
+        )
+    except Exception as exc:
+        operator.log.warning("tideflow: MLflow is unreachable (%s); the step runs untracked", exc)
+        return None
+    context["ti"].xcom_push(key="mlflow_run_id", value=ids.step_run_id)
+    operator.log.info("tideflow: MLflow run %s (parent %s)", ids.step_run_id, ids.pipeline_run_id)
+    return ids.step_run_id
+
+
+def finish_tracking(
+    operator: TideflowOperator,
+    run_id: str | None,
+    *,
+    succeeded: bool,
+    tags: dict[str, str] | None = None,
+    metrics: dict[str, float] | None = None,
+) -> None:
+    if run_id is None:
+        return
+    from tideflow.tracking import finish_step_run
+
+    try:
+        finish_step_run(run_id, succeeded=succeeded, tags=tags, metrics=metrics)
+    except Exception as exc:
+        operator.log.warning("tideflow: could not record the step on MLflow: %s", exc)
+
+
 class NotYetAvailableOperator(TideflowOperator):
     """A step kind whose operator is not part of this release; fails with a clear reason."""
 

@@ -12,7 +12,7 @@ from typing import Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
-from tideflow.operators.base import TideflowOperator
+from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
 from tideflow.steps.commands import resolve_command
 from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV
 from tideflow.steps.process import StreamedProcess
@@ -51,6 +51,21 @@ class DataPrepOperator(TideflowOperator):
         self._child: StreamedProcess | None = None
 
     def execute(self, context: Context) -> dict[str, str]:
+        run_id = track_step(self, context, "data_prep")
+        try:
+            outputs = self._run(context)
+        except BaseException:
+            finish_tracking(self, run_id, succeeded=False)
+            raise
+        finish_tracking(
+            self,
+            run_id,
+            succeeded=True,
+            tags={f"tideflow.output.{name}": uri for name, uri in outputs.items()},
+        )
+        return outputs
+
+    def _run(self, context: Context) -> dict[str, str]:
         ctx = self.step_context(context, self.outputs)
         with tempfile.TemporaryDirectory(prefix="tideflow-step-") as scratch:
             files = {name: Path(scratch) / f"{name}.json" for name in ("context", "args", "out")}

@@ -20,7 +20,7 @@ from typing import Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from tideflow.operators.base import TideflowOperator
+from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
 from tideflow.operators.triggers import GangTrigger, LeaseTrigger
 
 DEFAULT_WAIT_S = 7 * 24 * 3600
@@ -178,50 +178,38 @@ class GangTrainingOperator(TideflowOperator):
 
     def _tracking_env(self, context: Context, ctx: Any) -> dict[str, str]:
         """MLflow runs for this DAG run and step; rank 0 of the gang logs into the step's run."""
-        from tideflow.tracking import ensure_runs, tracking_enabled
-
-        if not tracking_enabled():
-            return {}
-        try:
-            ids = ensure_runs(
-                pipeline=self.pipeline,
-                team=self.team,
-                dag_id=self.dag_id,
-                dag_run_id=ctx.run_id,
-                step=self.task_id,
-                kind="gang_training",
-                params=ctx.params,
-            )
-        except Exception as exc:  # MLflow down must not stop training
-            self.log.warning("tideflow: MLflow is unreachable (%s); training runs untracked", exc)
-            return {}
-        context["ti"].xcom_push(key="mlflow_run_id", value=ids.step_run_id)
-        self.log.info("tideflow: MLflow run %s (parent %s)", ids.step_run_id, ids.pipeline_run_id)
-        return {"MLFLOW_RUN_ID": ids.step_run_id, "MLFLOW_EXPERIMENT_ID": ids.experiment_id}
+        run_id = track_step(self, context, "gang_training")
+        return {} if run_id is None else {"MLFLOW_RUN_ID": run_id}
 
     def _record(self, context: Context, status: Any, outputs: dict[str, Any]) -> None:
-        from tideflow.tracking import finish_step_run, tracking_enabled
+        from tideflow.tracking import tracking_enabled
 
         run_id = context["ti"].xcom_pull(task_ids=self.task_id, key="mlflow_run_id")
         if not tracking_enabled() or not run_id:
             return
+        try:  # metrics the gang could not deliver while MLflow was down
+            from tideflow.runtime.metrics import flush_spool
+
+            delivered = flush_spool(run_id)
+            if delivered:
+                self.log.info("tideflow: delivered %d buffered MLflow record(s)", delivered)
+        except Exception as exc:
+            self.log.warning("tideflow: buffered MLflow records not delivered yet: %s", exc)
         device_class = self.device["class"]
         tags = {"tideflow.gang_state": str(status.state), "tideflow.restarts": str(status.restarts)}
         if outputs.get("checkpoint"):
             tags["tideflow.checkpoint"] = str(outputs["checkpoint"])
             tags["tideflow.checkpoint_checksum"] = str(outputs.get("checkpoint_checksum"))
-        try:
-            finish_step_run(
-                run_id,
-                succeeded=str(status.state) == "succeeded",
-                tags=tags,
-                metrics={
-                    f"{device_class}_hours": status.device_seconds / 3600,
-                    "restarts": float(status.restarts),
-                },
-            )
-        except Exception as exc:
-            self.log.warning("tideflow: could not record the gang on MLflow: %s", exc)
+        finish_tracking(
+            self,
+            run_id,
+            succeeded=str(status.state) == "succeeded",
+            tags=tags,
+            metrics={
+                f"{device_class}_hours": status.device_seconds / 3600,
+                "restarts": float(status.restarts),
+            },
+        )
 
     def _command(self, ctx: Any, scratch: Path) -> list[str]:
         if not isinstance(self.entrypoint, str):

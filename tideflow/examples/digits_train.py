@@ -161,6 +161,7 @@ def train(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one readable trai
         )
     total_steps = args.epochs * sampler.batches_per_epoch
     last_saved = step
+    latest_eval: dict[str, float] = {}  # recorded with each checkpoint (keep_best uses it)
 
     def state() -> dict[str, Any]:
         return {
@@ -208,9 +209,10 @@ def train(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one readable trai
                     metrics.close()
                     return EXIT_PREEMPTED
                 if step % every == 0:
-                    save({"loss": loss_value})
+                    save({"loss": loss_value, **latest_eval})
             acc = accuracy(model, x_val.to(info.device), y_val.to(info.device))
             best_accuracy = max(best_accuracy, acc)
+            latest_eval = {"val_accuracy": acc}
             epoch = sampler.epoch  # epochs completed
             print(f"epoch {epoch} step {step} val_accuracy {acc:.4f}", flush=True)
             metrics.log_metrics({"val_accuracy": acc, "epoch": float(epoch)}, step)
