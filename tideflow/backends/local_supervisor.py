@@ -151,8 +151,10 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(worker.pid, signum)
 
-    def stop_all(self, grace_s: float) -> None:
-        self.signal_all(signal.SIGTERM)
+    def stop_all(self, grace_s: float, *, terminate: bool = True) -> None:
+        """Stop every worker; with terminate=False only wait (they are already leaving)."""
+        if terminate:
+            self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(w.poll() is None for w in self.workers):
             time.sleep(POLL_S)
@@ -236,7 +238,9 @@ class Supervisor:
             if EXIT_PREEMPTED in codes or (
                 self.request == "preempting" and all(c is not None for c in codes)
             ):
-                self.stop_all(self.job.preempt_grace_s)
+                # The ranks agreed to stop and are committing their checkpoint: a
+                # second SIGTERM could land during interpreter shutdown, so only wait.
+                self.stop_all(self.job.preempt_grace_s, terminate=False)
                 self.event("workers exited after a preemption checkpoint")
                 self.write_status(GangState.PREEMPTED, "preempted; resumable from checkpoint")
                 return GangState.PREEMPTED
