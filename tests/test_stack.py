@@ -42,7 +42,7 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
     api.unpause("digits")
     run_id = api.trigger("digits", {"seed": 5})
     assert api.wait_for_run("digits", run_id, timeout_s=600) == "success"
-    assert api.task_states("digits", run_id) == {"prepare-data": "success"}
+    assert api.task_states("digits", run_id) == {"prepare-data": "success", "train": "success"}
 
     import boto3
 
@@ -55,8 +55,54 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
         region_name=env["AWS_DEFAULT_REGION"],
     )
     listing = s3.list_objects_v2(Bucket="tideflow", Prefix="artifacts/digits/")
-    keys = sorted(item["Key"].rsplit("/", 1)[1] for item in listing.get("Contents", []))
-    assert keys == ["train.npz", "validation.npz"]
+    keys = [item["Key"] for item in listing.get("Contents", [])]
+    assert sorted(k.rsplit("/", 1)[1] for k in keys if "/prepare-data/" in k) == [
+        "train.npz",
+        "validation.npz",
+    ]
+    manifests = [k for k in keys if "/train/checkpoints/" in k and k.endswith("MANIFEST.json")]
+    assert manifests, keys  # the gang's checkpoints went to S3
+
+    runs = mlflow_search(stack, "digits")
+    by_kind = {(r["tags"].get("tideflow.kind"), r["tags"].get("tideflow.step")): r for r in runs}
+    parent = by_kind[("pipeline-run", None)]
+    train = by_kind[("step", "train")]
+    assert by_kind[("step", "prepare-data")]["tags"]["mlflow.parentRunId"] == parent["run_id"]
+    assert train["tags"]["mlflow.parentRunId"] == parent["run_id"]
+    assert train["metrics"]["final_val_accuracy"] >= 0.95
+    assert "loss" in train["metrics"] and train["metrics"]["cpu_hours"] > 0
+    assert train["tags"]["tideflow.checkpoint"].startswith("s3://tideflow/artifacts/digits/")
+
+
+def mlflow_search(stack: StackState, experiment: str) -> list[dict[str, object]]:
+    url = stack.services["mlflow"].url
+
+    def post(path: str, body: dict[str, object]) -> dict[str, object]:
+        request = urllib.request.Request(
+            f"{url}{path}",
+            method="POST",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return dict(json.loads(response.read()))
+
+    with urllib.request.urlopen(
+        f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name={experiment}", timeout=30
+    ) as response:
+        experiment_id = json.loads(response.read())["experiment"]["experiment_id"]
+    found = post("/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment_id]})
+    runs = []
+    for run in found.get("runs", []):  # type: ignore[union-attr]
+        data = run["data"]
+        runs.append(
+            {
+                "run_id": run["info"]["run_id"],
+                "tags": {t["key"]: t["value"] for t in data.get("tags", [])},
+                "metrics": {m["key"]: m["value"] for m in data.get("metrics", [])},
+            }
+        )
+    return runs
 
 
 def test_mlflow_server_stores_runs_with_artifacts_in_s3(stack: StackState) -> None:

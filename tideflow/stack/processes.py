@@ -24,19 +24,29 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def free_port_pair(offset: int = 10000) -> int:
-    """A free port P whose P + offset is free too (SeaweedFS puts gRPC at port + 10000)."""
-    for _ in range(200):
+def free_port_pairs(count: int, offset: int = 10000) -> list[int]:
+    """``count`` free ports P whose P + offset are free too, no two of them colliding.
+
+    SeaweedFS puts each server's gRPC port at its HTTP port + 10000 and refuses
+    an HTTP port that another server's gRPC port would take.
+    """
+    chosen: list[int] = []
+    taken: set[int] = set()
+    for _ in range(500):
         port = free_port()
-        if port + offset > 65535:
+        pair = {port, port + offset}
+        if port + offset > 65535 or pair & taken:
             continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port + offset))
             except OSError:
                 continue
-        return port
-    raise StackError("no free pair of ports found on 127.0.0.1")
+        chosen.append(port)
+        taken |= pair | {port - offset}
+        if len(chosen) == count:
+            return chosen
+    raise StackError("no free pairs of ports found on 127.0.0.1")
 
 
 def start(

@@ -20,7 +20,7 @@ from pathlib import Path
 from tideflow.stack.processes import (
     StackError,
     free_port,
-    free_port_pair,
+    free_port_pairs,
     start,
     tail,
     wait_http,
@@ -103,17 +103,8 @@ def start_s3(state: StackState) -> Service:
     data.mkdir(parents=True, exist_ok=True)
     # Each server's gRPC port is its HTTP port + 10000 (some internal clients
     # assume so even when a gRPC port is given), hence pairs of free ports.
-    ports = {
-        flag: free_port_pair()
-        for flag in (
-            "master.port",
-            "volume.port",
-            "filer.port",
-            "s3.port",
-            "admin.port",
-            "webdav.port",
-        )
-    }
+    flags = ("master.port", "volume.port", "filer.port", "s3.port", "admin.port", "webdav.port")
+    ports = dict(zip(flags, free_port_pairs(len(flags)), strict=True))
     command = [
         _bin("weed"),
         "mini",
