@@ -151,3 +151,39 @@ def test_kill_9_of_one_worker_restarts_the_gang_bitwise_equal(
     step, weights = final_weights(checkpoints)
     assert step == reference[0]
     assert_same(weights, reference[1])
+
+
+def test_exploding_learning_rate_stops_with_the_last_good_checkpoint_marked(
+    splits: dict[str, str], tmp_path: Path
+) -> None:
+    import subprocess
+
+    checkpoints = (tmp_path / "ckpt").as_uri()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tideflow.examples.digits_train",
+            "--train",
+            splits["train"],
+            "--validation",
+            splits["validation"],
+            "--lr",
+            "50",
+            "--checkpoint-every",
+            "5",
+        ],
+        env={**os.environ, "TIDEFLOW_CHECKPOINT_URI": checkpoints},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 76, done.stdout[-2000:] + done.stderr[-2000:]
+    message = re.search(r"training-health guard stopped the run: (.*)", done.stdout)
+    assert message is not None, done.stdout[-2000:]
+    stopped_at = int(re.search(r"at step (\d+)", message.group(1)).group(1))  # type: ignore[union-attr]
+    assert stopped_at <= 5  # the loss takes off at once with lr=50; caught within steps
+    assert "loss exploded" in message.group(1)
+    last_good = CheckpointManager(checkpoints).marked("last-good")
+    assert last_good is None or last_good < stopped_at  # never a checkpoint from after it

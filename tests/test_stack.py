@@ -122,6 +122,42 @@ def test_mlflow_server_stores_runs_with_artifacts_in_s3(stack: StackState) -> No
     assert experiment["artifact_location"].startswith("mlflow-artifacts:")
 
 
+def test_metrics_logged_during_an_mlflow_outage_arrive_later(
+    stack: StackState, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tideflow.runtime.metrics import MetricsLogger, flush_spool, spool_path
+    from tideflow.stack.processes import free_port
+
+    url = stack.services["mlflow"].url
+
+    def call(path: str, body: dict[str, object] | None = None) -> dict[str, object]:
+        request = urllib.request.Request(
+            f"{url}{path}",
+            method="POST" if body is not None else "GET",
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return dict(json.loads(response.read()))
+
+    experiment = call("/api/2.0/mlflow/experiments/create", {"name": "outage"})
+    run = call("/api/2.0/mlflow/runs/create", {"experiment_id": experiment["experiment_id"]})
+    run_id = str(run["run"]["info"]["run_id"])  # type: ignore[index]
+    monkeypatch.setenv("TIDEFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # down
+    logger = MetricsLogger(is_main=True, run_id=run_id, retry_s=0.2)
+    for step in range(5):
+        logger.log_metrics({"loss": 1.0 / (step + 1)}, step)  # training is never blocked
+    logger.close(timeout_s=10)
+    assert len(spool_path(run_id).read_text().splitlines()) == 5
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)  # the server is back
+    assert flush_spool(run_id) == 5
+    history = call(f"/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=loss")
+    assert [m["step"] for m in history["metrics"]] == [0, 1, 2, 3, 4]  # type: ignore[index]
+    assert not spool_path(run_id).exists()
+
+
 def test_up_is_idempotent(stack: StackState) -> None:
     again = up(Path(stack.home))
     assert {k: v.pid for k, v in again.services.items()} == {

@@ -134,7 +134,7 @@ def train(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one readable trai
         manager = CheckpointManager(
             config.checkpoint_uri, keep_last=config.keep_last, keep_best=config.keep_best
         )
-        checkpointer = AsyncCheckpointer(manager, info)
+        checkpointer = AsyncCheckpointer(manager, info, on_commit=metrics.log_checkpoint)
     every = config.checkpoint_every_steps or args.checkpoint_every
     step = 0
     best_accuracy = 0.0
@@ -231,8 +231,6 @@ def train(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one readable trai
     if last_saved != step or (resumed is None and step == 0):
         save({"val_accuracy": final_accuracy}, block=True)
     manifest = checkpointer.finalize() if checkpointer else None
-    if manifest is not None:
-        metrics.log_checkpoint(manifest)
     metrics.log_metrics({"final_val_accuracy": final_accuracy}, step)
     metrics.close()
     if info.is_main:

@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -66,9 +67,15 @@ class _Snapshot:
 
 
 class AsyncCheckpointer:
-    def __init__(self, manager: CheckpointManager, dist: DistInfo) -> None:
+    def __init__(
+        self,
+        manager: CheckpointManager,
+        dist: DistInfo,
+        on_commit: Callable[[Manifest], None] | None = None,
+    ) -> None:
         self.manager = manager
         self.dist = dist
+        self.on_commit = on_commit  # rank 0, e.g. record the checkpoint on the MLflow run
         self.stall_seconds: list[float] = []
         self.last_committed: Manifest | None = None
         self.resumed_from: int | None = None
@@ -125,6 +132,8 @@ class AsyncCheckpointer:
             protect = [] if self.resumed_from is None else [self.resumed_from]
             self.manager.apply_retention(protect=protect)
             log.info("tideflow: checkpoint step %d committed: %s", step, manifest.uri)
+            if self.on_commit is not None:
+                self.on_commit(manifest)
         except BaseException as exc:  # surfaced to the training loop by wait()
             self._error = exc
 

@@ -25,7 +25,7 @@ class HealthGuard:
         *,
         explode_factor: float = 10.0,
         window: int = 50,
-        warmup: int = 5,
+        warmup: int = 1,
         patience_evals: int | None = None,
         min_delta: float = 0.0,
         mode: str = "max",

@@ -67,6 +67,10 @@ class MetricsLogger:
         max_retry_s: float = 60.0,
     ) -> None:
         self.run_id = run_id if run_id is not None else os.environ.get("MLFLOW_RUN_ID")
+        # This logger retries on its own, with backoff; the client's own retries
+        # would only hold a batch back for minutes while the server is down.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         self.enabled = bool(is_main and self.run_id and os.environ.get("MLFLOW_TRACKING_URI"))
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
