@@ -172,10 +172,33 @@ def _gpu_model(name: str) -> str:
     return name.strip()
 
 
+def _ascend_npus() -> int:
+    """Ascend NPUs through torch_npu, only when it is installed (imports torch then)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is None:
+        return 0
+    try:
+        import torch
+        import torch_npu  # noqa: F401
+
+        return int(torch.npu.device_count())  # type: ignore[attr-defined]
+    except Exception:
+        return 0
+
+
 def detect_local(gpu_names: Iterable[str] | None = None) -> Inventory:
-    """This machine as a one-node inventory (GPUs through nvidia-smi, no torch import)."""
+    """This machine as a one-node inventory.
+
+    GPUs through nvidia-smi (no torch import), NPUs through torch_npu when it
+    is installed. Called when steps run, never while DAGs are parsed.
+    """
     names = list(_nvidia_gpus() if gpu_names is None else gpu_names)
     cpu = os.cpu_count() or 1
+    npus = 0 if names or gpu_names is not None else _ascend_npus()
+    if npus:
+        return Inventory("localhost", (Node("localhost", cpu, "npu", "Ascend", npus),),
+                         declared=False)
     if names:
         models = {_gpu_model(n) for n in names}
         model = models.pop() if len(models) == 1 else "mixed"
