@@ -1,0 +1,137 @@
+"""The gang step's triggers: serialize() round-trips, deadlines are absolute, events fire.
+
+Runs the triggers' real ``run()`` coroutines against a real ledger and local
+backend, as the triggerer would after deserialising them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tideflow.backends import GangJob, WorkerSlot
+from tideflow.backends.local import LocalBackend
+from tideflow.inventory import detect_local
+from tideflow.operators.triggers import GangTrigger, LeaseTrigger
+from tideflow.scheduling import GangRequest, Lease, LeaseLedger
+
+WORKER = str(Path(__file__).with_name("gang_worker.py"))
+
+
+def round_trip(trigger: Any) -> Any:
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+    assert rebuilt.serialize() == (path, kwargs)
+    return rebuilt
+
+
+def first_event(trigger: Any) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(asyncio.wait_for(run(), timeout=60))
+
+
+def request(gang_id: str, workers: int) -> dict[str, Any]:
+    return {
+        "gang_id": gang_id,
+        "team": "qa",
+        "device_class": "cpu",
+        "model": None,
+        "workers": workers,
+        "devices_per_worker": 1,
+        "priority": 0,
+        "preemptible": True,
+    }
+
+
+def test_lease_trigger_round_trips_and_grants(tmp_path: Path) -> None:
+    deadline = time.time() + 600
+    trigger = round_trip(
+        LeaseTrigger(
+            request=request("g/1", 1),
+            ledger_path=str(tmp_path / "leases.db"),
+            cluster_file=None,
+            holder="test",
+            ttl_s=60,
+            deadline=deadline,
+            poll_s=0.1,
+        )
+    )
+    assert trigger.deadline == deadline  # absolute, not "600 seconds from whenever"
+    event = first_event(trigger)
+    assert event["status"] == "granted"
+    lease = LeaseLedger(tmp_path / "leases.db", detect_local()).lease_for("g/1")
+    assert lease is not None and lease.lease_id == event["lease_id"]
+
+
+def test_lease_trigger_reports_never_and_a_passed_deadline(tmp_path: Path) -> None:
+    too_big = detect_local().total("cpu") + 1
+    never = first_event(
+        LeaseTrigger(
+            request=request("g/big", too_big),
+            ledger_path=str(tmp_path / "l.db"),
+            cluster_file=None,
+            holder="t",
+            ttl_s=60,
+            deadline=time.time() + 600,
+            poll_s=0.1,
+        )
+    )
+    assert never["status"] == "never" and "can never be placed" in never["reason"]
+    book = LeaseLedger(tmp_path / "l.db", detect_local())
+    cores = detect_local().total("cpu")
+    blocker = book.try_acquire(GangRequest("other", "x", "cpu", None, cores, 1), "t", 600)
+    assert isinstance(blocker, Lease)
+    late = first_event(
+        LeaseTrigger(
+            request=request("g/late", 1),
+            ledger_path=str(tmp_path / "l.db"),
+            cluster_file=None,
+            holder="t",
+            ttl_s=60,
+            deadline=time.time() - 1,
+            poll_s=0.1,
+        )
+    )  # deadline already gone
+    assert late["status"] == "timeout" and "do not fit now" in late["reason"]
+    assert book.lease_for("g/late") is None
+
+
+def test_gang_trigger_round_trips_streams_and_fires(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "gangs")
+    backend.submit(
+        GangJob(
+            "g/t",
+            (sys.executable, WORKER),
+            {"GANG_TEST_MODE": "ok"},
+            (WorkerSlot(0, "localhost", (0,)),),
+            "cpu",
+            False,
+            0,
+        )
+    )
+    trigger = round_trip(
+        GangTrigger(
+            gang_id="g/t", state_dir=str(tmp_path / "gangs"), deadline=time.time() + 600, poll_s=0.1
+        )
+    )
+    event = first_event(trigger)
+    assert event["status"] == "finished" and '"state": "succeeded"' in event["gang"]
+    assert trigger.log_offset > 0  # the gang's log was streamed into the task log
+    unknown = first_event(
+        GangTrigger(
+            gang_id="never-submitted",
+            state_dir=str(tmp_path),
+            deadline=time.time() + 600,
+            poll_s=0.1,
+        )
+    )
+    assert unknown["status"] == "unknown"
