@@ -197,8 +197,9 @@ def detect_local(gpu_names: Iterable[str] | None = None) -> Inventory:
     cpu = os.cpu_count() or 1
     npus = 0 if names or gpu_names is not None else _ascend_npus()
     if npus:
-        return Inventory("localhost", (Node("localhost", cpu, "npu", "Ascend", npus),),
-                         declared=False)
+        return Inventory(
+            "localhost", (Node("localhost", cpu, "npu", "Ascend", npus),), declared=False
+        )
     if names:
         models = {_gpu_model(n) for n in names}
         model = models.pop() if len(models) == 1 else "mixed"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -45,54 +46,44 @@ class FileStore:
     def url(self, key: str) -> str:
         return self._path(key).as_uri()
 
-    def put_bytes(self, key: str, data: bytes) -> str:
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return self.url(key)
-
-    def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
-        """Create-only write: False, and nothing changed, if the key already exists.
-
-        The data goes to a temporary file first and is hard-linked into place;
-        link() fails if the name exists, so two writers can never both win.
-        """
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            try:
-                os.link(tmp, target)
-            except FileExistsError:
-                return False
-            return True
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-
-    def put_file(self, key: str, path: Path) -> str:
+    def _staged(self, key: str, write: Callable[[str], object]) -> tuple[Path, str]:
+        """Write a hidden temporary file beside the key's final name; fsync it."""
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
         os.close(fd)
         try:
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, target)
+            write(tmp)
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        return target, tmp
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        target, tmp = self._staged(key, lambda tmp: Path(tmp).write_bytes(data))
+        os.replace(tmp, target)  # readers see the old object or the new one, never a part
+        return self.url(key)
+
+    def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
+        """Create-only write: False, and nothing changed, if the key already exists.
+
+        The data is staged in a temporary file and hard-linked into place;
+        link() fails if the name exists, so two writers can never both win.
+        """
+        target, tmp = self._staged(key, lambda tmp: Path(tmp).write_bytes(data))
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return True
+
+    def put_file(self, key: str, path: Path) -> str:
+        target, tmp = self._staged(key, lambda tmp: shutil.copyfile(path, tmp))
+        os.replace(tmp, target)
         return self.url(key)
 
     def get_bytes(self, key: str) -> bytes:
