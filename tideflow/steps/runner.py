@@ -50,11 +50,11 @@ def main(argv: list[str]) -> int:
     result = function(ctx, **args)
     outputs = {} if result is None else result
     if not isinstance(outputs, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in outputs.items()
+        isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in outputs.items()
     ):
         print(
-            f"tideflow: {entrypoint} must return a mapping of output name to path/URI "
-            f"strings, got {type(result).__name__}",
+            f"tideflow: {entrypoint} must return a mapping of names to strings (paths, URIs) "
+            f"or numbers (metrics), got {type(result).__name__}",
             file=sys.stderr,
         )
         return EXIT_BAD_OUTPUTS
