@@ -1,10 +1,186 @@
-"""``EvaluationOperator``: compiles into DAGs today; execution arrives in a later release."""
+"""``EvaluationOperator``: evaluate a checkpoint on an NPU, a spare GPU, or the CPU.
+
+The device is the first of the step's preferences that can be had now (see
+``tideflow.scheduling.preference``); when none can and the CPU is not allowed,
+the task defers until one frees up, holding nothing. The entry point gets the
+device through ``TIDEFLOW_DEVICE_CLASS`` (``tideflow.runtime.device_for_class``
+turns it into a ``torch.device``), the checkpoint produced upstream through its
+args, and returns the declared metrics, which go to the step's MLflow run and
+downstream through XCom.
+"""
 
 from __future__ import annotations
 
-from tideflow.operators.base import NotYetAvailableOperator
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
+from tideflow.operators.entrypoints import EntryPointRunner, describe
+from tideflow.operators.triggers import DeviceTrigger
+
+LEASE_TTL_S = 3600.0
+_VISIBLE = {"gpu": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 
 
-class EvaluationOperator(NotYetAvailableOperator):
-    kind = "evaluation"
-    template_fields = ("config",)
+class EvaluationOperator(EntryPointRunner, TideflowOperator):
+    template_fields = ("entrypoint", "args", "env")
+    template_fields_renderers = {"args": "json", "env": "json"}
+    ui_color = "#d5f5e3"
+
+    def __init__(
+        self,
+        *,
+        entrypoint: str | list[str],
+        metrics: tuple[str, ...] | list[str],
+        devices: tuple[str, ...] | list[str] = ("npu", "gpu-spare", "cpu"),
+        args: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        sources: dict[str, str] | None = None,
+        poll_s: float = 5.0,
+        wait_timeout_s: float = 24 * 3600,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.entrypoint = entrypoint
+        self.metrics = tuple(metrics)
+        self.devices = tuple(devices)
+        self.args = args or {}
+        self.env = env or {}
+        self.sources = sources or {}
+        self.poll_s = poll_s
+        self.wait_timeout_s = wait_timeout_s
+
+    def _ledger_args(self, context: Context) -> dict[str, Any]:
+        from tideflow.config import Settings
+        from tideflow.gangs import gang_id_for, holder_name
+
+        settings = Settings.from_env()
+        return {
+            "gang_id": gang_id_for(self.dag_id, context["run_id"], self.task_id),
+            "team": self.team,
+            "holder": holder_name(),
+            "ledger_path": str(settings.home / "leases.db"),
+            "cluster_file": str(settings.cluster_file) if settings.cluster_file else None,
+        }
+
+    def execute(self, context: Context) -> Any:
+        from tideflow.gangs import open_ledger
+        from tideflow.scheduling import Refusal, choose_device
+
+        where = self._ledger_args(context)
+        ledger = open_ledger(Path(where["ledger_path"]), where["cluster_file"])
+        choice = choose_device(
+            ledger,
+            self.devices,
+            gang_id=where["gang_id"],
+            team=self.team,
+            holder=where["holder"],
+            ttl_s=LEASE_TTL_S,
+        )
+        if not isinstance(choice, Refusal):
+            return self._evaluate(context, choice.preference, choice.device_class, choice.lease)
+        if choice.never:
+            raise AirflowFailException(
+                f"tideflow: no device of {list(self.devices)} exists: {choice.reason}"
+            )
+        self.log.info(
+            "tideflow: no device free now, waiting without holding any: %s", choice.reason
+        )
+        start = context["ti"].start_date
+        deadline = (start.timestamp() if start else time.time()) + self.wait_timeout_s
+        self.defer(
+            trigger=DeviceTrigger(
+                preferences=list(self.devices),
+                ttl_s=LEASE_TTL_S,
+                deadline=deadline,
+                poll_s=self.poll_s,
+                **where,
+            ),
+            method_name="device_granted",
+        )
+
+    def device_granted(self, context: Context, event: dict[str, Any]) -> Any:
+        from tideflow.gangs import open_ledger
+
+        if event["status"] != "granted":
+            raise AirflowException(f"tideflow: no device for the evaluation: {event['reason']}")
+        lease = None
+        if event["device_class"] != "cpu":
+            where = self._ledger_args(context)
+            lease = open_ledger(Path(where["ledger_path"]), where["cluster_file"]).lease_for(
+                where["gang_id"]
+            )
+            if lease is None:
+                raise AirflowException("tideflow: the granted device lease expired")
+        return self._evaluate(context, event["preference"], event["device_class"], lease)
+
+    def _upstream(self, context: Context) -> dict[str, Any]:
+        source = self.sources.get("checkpoint")
+        if source is None:
+            return {}
+        pulled = context["ti"].xcom_pull(task_ids=source) or {}
+        return {
+            k: pulled[k]
+            for k in ("checkpoint", "checkpoint_store", "checkpoint_step", "checkpoint_checksum")
+            if k in pulled
+        }
+
+    def _evaluate(
+        self, context: Context, preference: str, device_class: str, lease: Any
+    ) -> dict[str, Any]:
+        from tideflow.gangs import machine_has, open_ledger
+
+        emulated = not machine_has(device_class)
+        env = {
+            **{k: str(v) for k, v in self.env.items()},
+            "TIDEFLOW_DEVICE_CLASS": device_class,
+            "TIDEFLOW_EMULATED": "1" if emulated else "0",
+        }
+        where = "cpu"
+        if lease is not None:
+            placement = lease.placements[0]
+            where = f"{device_class}:{placement.node}/{','.join(map(str, placement.devices))}"
+            if device_class in _VISIBLE:
+                env[_VISIBLE[device_class]] = (
+                    "" if emulated else ",".join(map(str, placement.devices))
+                )
+        label = f"{where} ({preference}{', emulated on the CPU' if emulated else ''})"
+        self.log.info("tideflow: evaluating on %s", label)
+        upstream = self._upstream(context)
+        args = {**{k: v for k, v in upstream.items() if k != "checkpoint_checksum"}, **self.args}
+        run_id = track_step(self, context, "evaluation")
+        try:
+            outputs = self.run_entrypoint(self.step_context(context), self.entrypoint, args, env)
+            missing = [m for m in self.metrics if m not in outputs]
+            if missing:
+                raise AirflowException(
+                    f"step '{self.task_id}': {describe(self.entrypoint)} did "
+                    f"not return declared metric(s) {missing}"
+                )
+            metrics = {m: float(outputs[m]) for m in self.metrics}
+        except BaseException:
+            finish_tracking(self, run_id, succeeded=False, tags={"tideflow.device": label})
+            raise
+        finally:
+            if lease is not None:
+                where_args = self._ledger_args(context)
+                open_ledger(Path(where_args["ledger_path"]), where_args["cluster_file"]).release(
+                    lease.lease_id
+                )
+        finish_tracking(
+            self,
+            run_id,
+            succeeded=True,
+            metrics=metrics,
+            tags={
+                "tideflow.device": label,
+                "tideflow.checkpoint": str(upstream.get("checkpoint", "")),
+            },
+        )
+        for name, value in metrics.items():
+            self.log.info("tideflow: %s = %.4f", name, value)
+        return {"metrics": metrics, "device": label, **upstream}

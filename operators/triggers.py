@@ -133,3 +133,77 @@ class GangTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "timeout", "gang": status.to_json()})
                 return
             await asyncio.sleep(self.poll_s)
+
+
+class DeviceTrigger(BaseTrigger):
+    """Polls for the first device of a preference list (evaluation steps)."""
+
+    def __init__(
+        self,
+        *,
+        preferences: list[str],
+        gang_id: str,
+        team: str,
+        holder: str,
+        ledger_path: str,
+        cluster_file: str | None,
+        ttl_s: float,
+        deadline: float,
+        poll_s: float = 5.0,
+    ) -> None:
+        super().__init__()
+        self.preferences = preferences
+        self.gang_id = gang_id
+        self.team = team
+        self.holder = holder
+        self.ledger_path = ledger_path
+        self.cluster_file = cluster_file
+        self.ttl_s = ttl_s
+        self.deadline = deadline
+        self.poll_s = poll_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{MODULE}.DeviceTrigger", {
+            "preferences": self.preferences,
+            "gang_id": self.gang_id,
+            "team": self.team,
+            "holder": self.holder,
+            "ledger_path": self.ledger_path,
+            "cluster_file": self.cluster_file,
+            "ttl_s": self.ttl_s,
+            "deadline": self.deadline,
+            "poll_s": self.poll_s,
+        }
+
+    def _try_once(self) -> dict[str, Any]:
+        from tideflow.gangs import open_ledger
+        from tideflow.scheduling import Refusal, choose_device
+
+        ledger = open_ledger(Path(self.ledger_path), self.cluster_file)
+        choice = choose_device(
+            ledger,
+            tuple(self.preferences),
+            gang_id=self.gang_id,
+            team=self.team,
+            holder=self.holder,
+            ttl_s=self.ttl_s,
+        )
+        if isinstance(choice, Refusal):
+            return {"status": "never" if choice.never else "waiting", "reason": choice.reason}
+        return {
+            "status": "granted",
+            "preference": choice.preference,
+            "device_class": choice.device_class,
+            "lease_id": choice.lease.lease_id if choice.lease else None,
+        }
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            outcome = await asyncio.to_thread(self._try_once)
+            if outcome["status"] in ("granted", "never"):
+                yield TriggerEvent(outcome)
+                return
+            if time.time() >= self.deadline:
+                yield TriggerEvent({"status": "timeout", "reason": outcome["reason"]})
+                return
+            await asyncio.sleep(self.poll_s)

@@ -12,3 +12,14 @@ def boom(ctx: StepContext, reason: str = "deliberately broken") -> dict[str, str
 
 def forgets_an_output(ctx: StepContext) -> dict[str, str]:
     return {"train": "file:///tmp/train.npz"}
+
+
+def report_device(ctx: StepContext, **args: object) -> dict[str, float | str]:
+    import os
+
+    print(
+        f"device class {os.environ['TIDEFLOW_DEVICE_CLASS']}, "
+        f"emulated {os.environ['TIDEFLOW_EMULATED']}, "
+        f"cuda {os.environ.get('CUDA_VISIBLE_DEVICES')!r}"
+    )
+    return {"accuracy": 0.5, "loss": 1.0}

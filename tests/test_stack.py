@@ -42,7 +42,11 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
     api.unpause("digits")
     run_id = api.trigger("digits", {"seed": 5})
     assert api.wait_for_run("digits", run_id, timeout_s=600) == "success"
-    assert api.task_states("digits", run_id) == {"prepare-data": "success", "train": "success"}
+    assert api.task_states("digits", run_id) == {
+        "prepare-data": "success",
+        "train": "success",
+        "evaluate": "success",
+    }
 
     import boto3
 
@@ -72,6 +76,11 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
     assert train["metrics"]["final_val_accuracy"] >= 0.95
     assert "loss" in train["metrics"] and train["metrics"]["cpu_hours"] > 0
     assert train["tags"]["tideflow.checkpoint"].startswith("s3://tideflow/artifacts/digits/")
+    evaluate = by_kind[("step", "evaluate")]
+    assert evaluate["metrics"]["accuracy"] == pytest.approx(
+        train["metrics"]["final_val_accuracy"]
+    )  # the same checkpoint, verified, re-scored
+    assert evaluate["tags"]["tideflow.device"] == "cpu (cpu)"
 
 
 def mlflow_search(stack: StackState, experiment: str) -> list[dict[str, object]]:

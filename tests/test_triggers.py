@@ -16,7 +16,7 @@ from typing import Any
 from tideflow.backends import GangJob, WorkerSlot
 from tideflow.backends.local import LocalBackend
 from tideflow.inventory import detect_local
-from tideflow.operators.triggers import GangTrigger, LeaseTrigger
+from tideflow.operators.triggers import DeviceTrigger, GangTrigger, LeaseTrigger
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
 WORKER = str(Path(__file__).with_name("gang_worker.py"))
@@ -135,3 +135,26 @@ def test_gang_trigger_round_trips_streams_and_fires(tmp_path: Path) -> None:
         )
     )
     assert unknown["status"] == "unknown"
+
+
+def test_device_trigger_round_trips_and_picks_the_cpu_when_allowed(tmp_path: Path) -> None:
+    trigger = round_trip(
+        DeviceTrigger(
+            preferences=["npu", "gpu-spare", "cpu"],
+            gang_id="e/1",
+            team="qa",
+            holder="t",
+            ledger_path=str(tmp_path / "l.db"),
+            cluster_file=None,
+            ttl_s=60,
+            deadline=time.time() + 600,
+            poll_s=0.1,
+        )
+    )
+    event = first_event(trigger)
+    assert event == {
+        "status": "granted",
+        "preference": "cpu",
+        "device_class": "cpu",
+        "lease_id": None,
+    }

@@ -67,6 +67,8 @@ class TaskPlan:
     retries: int
     timeout_seconds: int | None
     config: dict[str, Any] = field(hash=False)
+    # Upstream steps whose XCom outputs this step reads: {"checkpoint": "train", ...}
+    sources: dict[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,35 @@ def _placement(step: Step, params: dict[str, ParamSpec]) -> tuple[str, int]:
     return POOL_FOR_CLASS["cpu"], 1
 
 
+def _nearest_ancestor(spec: PipelineSpec, step: Step, kind: str) -> str | None:
+    """The closest upstream step of ``kind`` (breadth-first over ``needs``)."""
+    frontier = list(step.needs)
+    seen: set[str] = set()
+    while frontier:
+        name = frontier.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        upstream = spec.step(name)
+        if upstream.kind == kind:
+            return name
+        frontier.extend(upstream.needs)
+    return None
+
+
+def _sources(spec: PipelineSpec, step: Step) -> dict[str, str]:
+    wanted = {
+        "evaluation": {"checkpoint": "gang_training"},
+        "promote_checkpoint": {"checkpoint": "gang_training", "metrics": "evaluation"},
+    }
+    found = {}
+    for role, kind in wanted.get(step.kind, {}).items():
+        name = _nearest_ancestor(spec, step, kind)
+        if name is not None:
+            found[role] = name
+    return found
+
+
 def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
     """Pure: the same spec always gives the same plan."""
     tasks = []
@@ -154,6 +185,7 @@ def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
                 retries=step.retries,
                 timeout_seconds=step.timeout,
                 config=step.body.model_dump(mode="json", by_alias=True),
+                sources=_sources(spec, step),
             )
         )
     meta = spec.metadata

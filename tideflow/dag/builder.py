@@ -41,6 +41,16 @@ def _operator_kwargs(task: TaskPlan) -> dict[str, Any]:
             "preemptible",
         )
         return {key: config[key] for key in keys}
+    if task.kind == "evaluation":
+        config = task.config
+        return {
+            "entrypoint": config["entrypoint"],
+            "args": config.get("args", {}),
+            "env": config.get("env", {}),
+            "devices": tuple(config["devices"]),
+            "metrics": tuple(config["metrics"]),
+            "sources": task.sources,
+        }
     return {"config": task.config}
 
 

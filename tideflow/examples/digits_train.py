@@ -257,3 +257,52 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def evaluate(
+    ctx: Any, validation: str, checkpoint_store: str, checkpoint_step: int, checkpoint: str = ""
+) -> dict[str, float]:
+    """Evaluation entry point: the checkpoint's accuracy and loss on the validation split.
+
+    Loads exactly the checkpoint the training step reported, verifying every
+    shard against the manifest's SHA-256 before use, on the device the
+    evaluation step was given (``TIDEFLOW_DEVICE_CLASS``).
+    """
+    import os
+
+    from tideflow.runtime.distributed import device_for_class
+
+    manager = CheckpointManager(checkpoint_store)
+    manifest = next((m for m in manager.committed() if m.step == int(checkpoint_step)), None)
+    if manifest is None:
+        raise RuntimeError(
+            f"no committed checkpoint at step {checkpoint_step} in {checkpoint_store}"
+        )
+    problems = manager.verify(manifest)
+    if problems:
+        raise RuntimeError(f"checkpoint step {manifest.step} failed verification: {problems}")
+    state = torch.load(
+        io.BytesIO(manager.read_shard(manifest, "model.pt")), map_location="cpu", weights_only=True
+    )
+    weights = state["model"]
+    model = DigitsMLP(int(weights["layers.0.weight"].shape[0]))
+    model.load_state_dict(weights)
+    device, emulated = device_for_class(os.environ.get("TIDEFLOW_DEVICE_CLASS", "cpu"))
+    if emulated or os.environ.get("TIDEFLOW_EMULATED") == "1":
+        device = torch.device("cpu")
+        print(
+            f"evaluating emulated on the CPU (asked for {os.environ.get('TIDEFLOW_DEVICE_CLASS')})",
+            flush=True,
+        )
+    model.to(device).eval()
+    x_val, y_val = load_split(validation)
+    with torch.no_grad():
+        logits = model(x_val.to(device))
+        loss = float(F.cross_entropy(logits, y_val.to(device)).item())
+        acc = float((logits.argmax(dim=1) == y_val.to(device)).float().mean().item())
+    print(
+        f"checkpoint step {manifest.step} ({manifest.checksum[:12]}): accuracy {acc:.4f}, "
+        f"loss {loss:.4f} on {device}",
+        flush=True,
+    )
+    return {"accuracy": acc, "loss": loss}

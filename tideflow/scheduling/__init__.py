@@ -3,13 +3,16 @@
 from tideflow.scheduling.ledger import LeaseLedger, LeaseLostError
 from tideflow.scheduling.model import GangRequest, Lease, Refusal, WorkerPlacement
 from tideflow.scheduling.placement import place
+from tideflow.scheduling.preference import DeviceChoice, choose_device
 
 __all__ = [
+    "DeviceChoice",
     "GangRequest",
     "Lease",
     "LeaseLedger",
     "LeaseLostError",
     "Refusal",
     "WorkerPlacement",
+    "choose_device",
     "place",
 ]

@@ -262,6 +262,11 @@ class LeaseLedger:
                 return str(gang_id)
         return None
 
+    def forget(self, gang_id: str) -> None:
+        """Drop a queued request (its owner found other devices, or gave up)."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM waiting WHERE gang_id = ?", (gang_id,))
+
     def renew(self, lease_id: str, ttl_s: float) -> Lease:
         with self._transaction() as db:
             now = self.clock()

@@ -1,0 +1,186 @@
+"""Evaluation placement: NPU first, then a spare GPU, then the CPU if allowed, else wait.
+
+Against a declared inventory of one NPU node and one GPU node; this machine has
+neither, so the chosen devices run emulated on the CPU (and say so).
+"""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tideflow.config import Settings
+from tideflow.inventory import inventory_for
+from tideflow.scheduling import (
+    DeviceChoice,
+    GangRequest,
+    Lease,
+    LeaseLedger,
+    Refusal,
+    choose_device,
+)
+from tideflow.scheduling.preference import SPARE_PRIORITY
+
+CLUSTER = """\
+apiVersion: tideflow/v1
+kind: Cluster
+metadata: {name: mixed}
+nodes:
+  - {name: ascend, cpu: 16, accelerators: {class: npu, model: Ascend910, count: 1}}
+  - {name: h100, cpu: 16, accelerators: {class: gpu, model: H100, count: 2}}
+"""
+
+
+@pytest.fixture
+def cluster_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(CLUSTER)
+    monkeypatch.setenv("TIDEFLOW_CLUSTER_FILE", str(path))
+    monkeypatch.setenv("TIDEFLOW_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    return path
+
+
+def ledger(cluster_file: Path) -> LeaseLedger:
+    return LeaseLedger(Settings.from_env().home / "leases.db", inventory_for(str(cluster_file)))
+
+
+def hold(book: LeaseLedger, gang: str, device_class: str, count: int) -> Lease:
+    lease = book.try_acquire(
+        GangRequest(gang, "train", device_class, None, count, 1),  # type: ignore[arg-type]
+        "test",
+        600,
+    )
+    assert isinstance(lease, Lease)
+    return lease
+
+
+def choose(book: LeaseLedger, devices: tuple[str, ...]) -> DeviceChoice | Refusal:
+    return choose_device(book, devices, gang_id="eval", team="vision", holder="t", ttl_s=60)
+
+
+def test_npu_free_takes_the_npu(cluster_file: Path) -> None:
+    choice = choose(ledger(cluster_file), ("npu", "gpu-spare", "cpu"))
+    assert isinstance(choice, DeviceChoice) and choice.device_class == "npu"
+    assert choice.lease is not None and choice.lease.nodes == ("ascend",)
+
+
+def test_npu_busy_and_an_idle_gpu_takes_a_spare_lease(cluster_file: Path) -> None:
+    book = ledger(cluster_file)
+    hold(book, "npu-user", "npu", 1)
+    hold(book, "trainer", "gpu", 1)
+    choice = choose(book, ("npu", "gpu-spare", "cpu"))
+    assert isinstance(choice, DeviceChoice) and choice.preference == "gpu-spare"
+    assert choice.lease is not None and choice.lease.priority == SPARE_PRIORITY
+    assert choice.lease.preemptible and choice.lease.placements[0].devices == (1,)
+
+
+def test_everything_leased_falls_back_to_cpu_only_if_allowed(cluster_file: Path) -> None:
+    book = ledger(cluster_file)
+    hold(book, "npu-user", "npu", 1)
+    hold(book, "trainer", "gpu", 2)
+    choice = choose(book, ("npu", "gpu-spare", "cpu"))
+    assert isinstance(choice, DeviceChoice) and choice.device_class == "cpu"
+    assert choice.lease is None
+    waiting = choose(book, ("npu", "gpu-spare"))
+    assert isinstance(waiting, Refusal) and not waiting.never
+
+
+def test_a_spare_lease_never_jumps_ahead_of_a_waiting_training_gang(cluster_file: Path) -> None:
+    book = ledger(cluster_file)
+    blocker = hold(book, "blocker", "gpu", 2)
+    queued = book.try_acquire(GangRequest("queued", "train", "gpu", None, 1, 1), "t", 600)
+    assert isinstance(queued, Refusal)
+    book.release(blocker.lease_id)
+    spare = choose(book, ("gpu-spare",))
+    assert isinstance(spare, Refusal) and "queued waits ahead of it" in spare.reason
+
+
+def test_no_such_device_anywhere_is_final(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDEFLOW_CLUSTER_FILE", "")
+    book = LeaseLedger(tmp_path / "l.db", inventory_for(None))  # this machine: CPU only
+    refusal = choose(book, ("npu", "gpu-spare"))
+    assert isinstance(refusal, Refusal) and refusal.never
+
+
+def run_eval_dag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, devices: str) -> Any:
+    from tideflow.compile.dag_plan import compile_dag_plan
+    from tideflow.dag.builder import build_dag
+    from tideflow.spec import load_pipeline
+
+    path = tmp_path / "eval.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        apiVersion: tideflow/v1
+        kind: Pipeline
+        metadata: {{name: eval-test, team: vision}}
+        steps:
+          - name: evaluate
+            evaluation:
+              entrypoint: tests.step_entrypoints:report_device
+              devices: {devices}
+              metrics: [accuracy, loss]
+        """)
+    )
+    monkeypatch.setenv("TIDEFLOW_PIPELINES_DIR", str(path))
+    dag = build_dag(compile_dag_plan(load_pipeline(path)))
+    dag.tasks[0].poll_s = 0.5
+    return dag.test()
+
+
+def xcom(dag_run: Any) -> Any:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(
+            XComModel.get_many(
+                run_id=dag_run.run_id,
+                dag_ids=dag_run.dag_id,
+                task_ids="evaluate",
+                key="return_value",
+            )
+        ).first()
+        return XComModel.deserialize_value(row)
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_operator_runs_on_the_emulated_npu_and_releases_it(
+    cluster_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    dag_run = run_eval_dag(tmp_path, monkeypatch, "[npu, gpu-spare, cpu]")
+    assert str(dag_run.state) == "success"
+    result = xcom(dag_run)
+    assert result["metrics"] == {"accuracy": 0.5, "loss": 1.0}
+    assert result["device"] == "npu:ascend/0 (npu, emulated on the CPU)"
+    assert "device class npu, emulated 1" in capfd.readouterr().out
+    assert ledger(cluster_file).leases() == []
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_operator_waits_deferred_until_a_device_frees(
+    cluster_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    book = ledger(cluster_file)
+    npu = hold(book, "npu-user", "npu", 1)
+    gpus = hold(book, "trainer", "gpu", 2)
+
+    def free_gpu_later() -> None:
+        time.sleep(3)
+        book.release(gpus.lease_id)
+
+    thread = threading.Thread(target=free_gpu_later)
+    thread.start()
+    dag_run = run_eval_dag(tmp_path, monkeypatch, "[npu, gpu-spare]")
+    thread.join()
+    assert str(dag_run.state) == "success"
+    assert xcom(dag_run)["device"].startswith("gpu:h100/")
+    assert [lease.lease_id for lease in book.leases()] == [npu.lease_id]
