@@ -86,21 +86,3 @@ def finish_tracking(
         finish_step_run(run_id, succeeded=succeeded, tags=tags, metrics=metrics)
     except Exception as exc:
         operator.log.warning("tideflow: could not record the step on MLflow: %s", exc)
-
-
-class NotYetAvailableOperator(TideflowOperator):
-    """A step kind whose operator is not part of this release; fails with a clear reason."""
-
-    kind = ""
-
-    def __init__(self, *, config: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.config = config or {}
-
-    def execute(self, context: Context) -> Any:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        raise AirflowFailException(
-            f"tideflow: '{self.kind}' steps cannot run in this version of tideflow yet; "
-            "the pipeline validates and compiles, but only data_prep steps execute"
-        )

@@ -28,6 +28,8 @@ os.environ.update(
         "TIDEFLOW_HOME": str(_SCRATCH / "tideflow"),
         "TIDEFLOW_ARTIFACT_ROOT": (_SCRATCH / "artifacts").as_uri(),
         "TIDEFLOW_PIPELINES_DIR": str(REPO / "pipelines"),
+        # Steps track into a throw-away SQLite MLflow store (registry included)
+        "MLFLOW_TRACKING_URI": f"sqlite:///{_SCRATCH / 'mlflow.db'}",
     }
 )
 os.environ.pop("TIDEFLOW_CLUSTER_FILE", None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -111,9 +112,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     conf = parse_param_overrides(spec, args.param)
     from tideflow.dag.local_run import run_pipeline
 
-    home = (
-        Path(args.airflow_home) if args.airflow_home else Settings.from_env().home / "airflow-run"
-    )
+    settings = Settings.from_env()
+    if not settings.mlflow_tracking_uri:
+        # No server configured: track, and register models, in a local SQLite file.
+        uri = f"sqlite:///{settings.home / 'mlflow.db'}"
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+        print(f"tideflow: MLFLOW_TRACKING_URI is not set; tracking in {uri}", file=sys.stderr)
+    home = Path(args.airflow_home) if args.airflow_home else settings.home / "airflow-run"
     state = run_pipeline(Path(args.pipeline), conf, home)
     print(f"pipeline {spec.metadata.name}: {state}")
     return 0 if state == "success" else 1

@@ -51,6 +51,16 @@ def _operator_kwargs(task: TaskPlan) -> dict[str, Any]:
             "metrics": tuple(config["metrics"]),
             "sources": task.sources,
         }
+    if task.kind == "promote_checkpoint":
+        config = task.config
+        return {
+            "model": config["model"],
+            "alias": config["alias"],
+            "gate": config["gate"],
+            "builder": config.get("builder"),
+            "args": config.get("args", {}),
+            "sources": task.sources,
+        }
     return {"config": task.config}
 
 

@@ -306,3 +306,38 @@ def evaluate(
         flush=True,
     )
     return {"accuracy": acc, "loss": loss}
+
+
+def log_model(
+    ctx: Any,
+    *,
+    checkpoint_store: str,
+    checkpoint_step: int,
+    validation: str,
+    run_id: str,
+    checkpoint: str = "",
+) -> dict[str, str]:
+    """Promotion builder: log the checkpoint as an MLflow pytorch model into ``run_id``.
+
+    The input example (five validation images) gives the model its signature,
+    so ``mlflow.pyfunc.load_model("models:/NAME@champion").predict(x)`` works.
+    """
+    import mlflow
+    import mlflow.pytorch
+
+    manager = CheckpointManager(checkpoint_store)
+    manifest = next((m for m in manager.committed() if m.step == int(checkpoint_step)), None)
+    if manifest is None:
+        raise RuntimeError(f"no committed checkpoint at step {checkpoint_step}")
+    state = torch.load(
+        io.BytesIO(manager.read_shard(manifest, "model.pt")), map_location="cpu", weights_only=True
+    )
+    weights = state["model"]
+    model = DigitsMLP(int(weights["layers.0.weight"].shape[0]))
+    model.load_state_dict(weights)
+    model.eval()
+    x_val, _ = load_split(validation)
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pytorch.log_model(model, name="model", input_example=x_val[:5].numpy())
+    print(f"logged checkpoint step {manifest.step} as {info.model_uri}", flush=True)
+    return {"model_uri": str(info.model_uri)}

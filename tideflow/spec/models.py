@@ -252,6 +252,12 @@ class Gate(SpecModel):
 
 
 class PromoteCheckpoint(SpecModel):
+    builder: EntryPoint | None = Field(
+        default=None,
+        description="'module:function' that logs an MLflow model built from the checkpoint "
+        "into the given run and returns {'model_uri': ...}; needed to register versions.",
+    )
+    args: dict[str, Any] = Field(default_factory=dict)
     model: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
         description="Registered model name in the MLflow Model Registry.",

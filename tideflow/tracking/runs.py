@@ -58,6 +58,15 @@ def _client() -> Any:
     return MlflowClient()
 
 
+def _local_artifacts(pipeline: str) -> str | None:
+    """Without a tracking server (sqlite:// or a path), keep artifacts under TIDEFLOW_HOME."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None  # the server decides (e.g. proxied S3)
+    home = Path(os.environ.get("TIDEFLOW_HOME", Path.cwd() / ".tideflow")).resolve()
+    return (home / "mlflow-artifacts" / pipeline).as_uri()
+
+
 def _find(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
     query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     runs = client.search_runs(
