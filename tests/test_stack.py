@@ -11,6 +11,7 @@ import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from tideflow.stack.processes import group_alive
 from tideflow.stack.services import StackState
 
 pytestmark = pytest.mark.slow
+FIRST_RUN: list[str] = []  # the run id of the first digits run, for the promotion tests
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +43,13 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
     assert api.import_errors() == []
     api.unpause("digits")
     run_id = api.trigger("digits", {"seed": 5})
+    FIRST_RUN.append(run_id)
     assert api.wait_for_run("digits", run_id, timeout_s=600) == "success"
     assert api.task_states("digits", run_id) == {
         "prepare-data": "success",
         "train": "success",
         "evaluate": "success",
+        "promote": "success",
     }
 
     import boto3
@@ -129,6 +133,86 @@ def test_mlflow_server_stores_runs_with_artifacts_in_s3(stack: StackState) -> No
     ) as response:
         experiment = json.loads(response.read())["experiment"]
     assert experiment["artifact_location"].startswith("mlflow-artifacts:")
+
+
+def registry_state(stack: StackState) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """(versions of digits-classifier, aliases -> version) through MLflow's REST API."""
+    url = stack.services["mlflow"].url
+    request = urllib.request.Request(
+        f"{url}/api/2.0/mlflow/model-versions/search?filter=name%3D%27digits-classifier%27",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        versions = json.loads(response.read()).get("model_versions", [])
+    with urllib.request.urlopen(
+        f"{url}/api/2.0/mlflow/registered-models/get?name=digits-classifier", timeout=30
+    ) as response:
+        model = json.loads(response.read())["registered_model"]
+    aliases = {a["alias"]: a["version"] for a in model.get("aliases", [])}
+    return versions, aliases
+
+
+def test_first_run_promoted_version_1_with_lineage(stack: StackState) -> None:
+    assert FIRST_RUN, "runs after test_digits_runs_through_the_rest_api"
+    versions, aliases = registry_state(stack)
+    assert [v["version"] for v in versions] == ["1"] and aliases == {"champion": "1"}
+    tags = {t["key"]: t["value"] for t in versions[0]["tags"]}
+    assert tags["tideflow.dag_run_id"] == FIRST_RUN[0]
+    assert tags["tideflow.checkpoint"].startswith("s3://tideflow/artifacts/digits/")
+    assert len(tags["tideflow.checkpoint_checksum"]) == 64
+    assert float(tags["tideflow.metric.accuracy"]) >= 0.95
+
+
+def test_champion_loads_with_pyfunc_and_predicts_with_the_reported_accuracy(
+    stack: StackState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    import boto3
+    import mlflow.pyfunc
+    import numpy as np
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", stack.services["mlflow"].url)
+    model = mlflow.pyfunc.load_model("models:/digits-classifier@champion")
+    env = stack.client_env()
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+    key = (
+        f"artifacts/digits/{FIRST_RUN[0].replace(':', '_').replace('+', '_')}"
+        "/prepare-data/validation.npz"
+    )
+    data = np.load(io.BytesIO(s3.get_object(Bucket="tideflow", Key=key)["Body"].read()))
+    accuracy = float((np.asarray(model.predict(data["x"])).argmax(axis=1) == data["y"]).mean())
+    versions, _ = registry_state(stack)
+    tags = {t["key"]: t["value"] for t in versions[0]["tags"]}
+    assert accuracy == pytest.approx(float(tags["tideflow.metric.accuracy"]))
+
+
+def test_bad_learning_rate_is_rejected_and_a_rerun_changes_nothing(stack: StackState) -> None:
+    api = AirflowApi(stack.services["airflow"].url, stack.airflow_user, stack.airflow_password)
+    bad = api.trigger("digits", {"lr": 0.00001, "epochs": 1})
+    assert api.wait_for_run("digits", bad, timeout_s=600) == "success"
+    versions, aliases = registry_state(stack)
+    assert [v["version"] for v in versions] == ["1"] and aliases == {"champion": "1"}
+    runs = mlflow_search(stack, "digits")
+    rejected = [
+        r
+        for r in runs
+        if r["tags"].get("tideflow.step") == "promote"
+        and r["tags"].get("tideflow.dag_run_id") == bad
+    ]
+    assert rejected and rejected[0]["tags"]["tideflow.decision"] == "rejected"
+    assert "below the threshold" in rejected[0]["tags"]["tideflow.reason"]
+    # run the first run's promotion again: no new version, the alias stays
+    api.clear_task("digits", FIRST_RUN[0], "promote")
+    assert api.wait_for_run("digits", FIRST_RUN[0], timeout_s=300) == "success"
+    versions, aliases = registry_state(stack)
+    assert [v["version"] for v in versions] == ["1"] and aliases == {"champion": "1"}
 
 
 def test_metrics_logged_during_an_mlflow_outage_arrive_later(

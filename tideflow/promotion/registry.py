@@ -53,19 +53,27 @@ def champion(mlflow: Any, name: str, alias: str) -> tuple[Any, dict[str, float]]
 
 
 def register(mlflow: Any, name: str, source: str, run_id: str, tags: dict[str, str]) -> Any:
-    """Create the version once; after a failed call, look again before retrying."""
+    """Create the version once; after a failed call, look again before retrying.
+
+    ``source`` is the model URI the builder logged (``models:/m-...`` in
+    MLflow 3); ``mlflow.register_model`` resolves it and links the version to
+    the logged model and its run.
+    """
+    import mlflow as mlflow_module
     from mlflow.exceptions import MlflowException
 
+    last: Exception | None = None
     for attempt in range(5):
         existing = version_for_run(mlflow, name, run_id)
         if existing is not None:
             return existing
         try:
-            return mlflow.create_model_version(name, source, run_id=run_id, tags=tags)
-        except MlflowException:
-            # e.g. two writers raced for the next version number
+            version = mlflow_module.register_model(source, name, tags=tags)
+            return mlflow.get_model_version(name, version.version)
+        except MlflowException as exc:  # e.g. two writers raced for the next version number
+            last = exc
             time.sleep(0.5 * (attempt + 1))
-    raise RuntimeError(f"could not register a version of {name} for run {run_id}")
+    raise RuntimeError(f"could not register a version of {name} for run {run_id}: {last}")
 
 
 def move_alias(mlflow: Any, name: str, alias: str, version: str) -> str | None:

@@ -91,6 +91,20 @@ class AirflowApi:
         )
         return str(run["dag_run_id"])
 
+    def clear_task(self, dag_id: str, run_id: str, task_id: str) -> None:
+        """Run one task of a finished DAG run again (as "Clear" in the UI does)."""
+        self._request(
+            "POST",
+            f"/api/v2/dags/{dag_id}/clearTaskInstances",
+            {
+                "dry_run": False,
+                "dag_run_id": run_id,
+                "task_ids": [task_id],
+                "only_failed": False,
+                "reset_dag_runs": True,
+            },
+        )
+
     def run_state(self, dag_id: str, run_id: str) -> str:
         run = self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
         return str(run["state"])
