@@ -86,6 +86,14 @@ def demo(home: Path, dag_id: str, timeout_s: float) -> int:
         print(f"  {task}: {task_state}")
     airflow = state.services["airflow"].url
     print(f"\nDAG run {run_id}: {result}")
+    champion = _champion(state.services["mlflow"].url, "digits-classifier")
+    if champion is not None:
+        print(
+            f"Promoted model: digits-classifier version {champion} is @champion. Load it with\n"
+            f'  MLFLOW_TRACKING_URI={state.services["mlflow"].url} python -c "import '
+            "mlflow.pyfunc; m = mlflow.pyfunc.load_model('models:/digits-classifier@champion')"
+            '"'
+        )
     print(
         f"Airflow UI: {airflow}/dags/{dag_id}  (login {state.airflow_user} / "
         f"{state.airflow_password})"
@@ -94,6 +102,22 @@ def demo(home: Path, dag_id: str, timeout_s: float) -> int:
     print(f"S3 (SeaweedFS): {state.services['s3'].url}  buckets: tideflow, mlflow")
     print("Stop everything with: make down")
     return 0 if result == "success" else 1
+
+
+def _champion(mlflow_url: str, model: str) -> str | None:
+    """The version behind the model's champion alias, from MLflow's REST API."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(
+            f"{mlflow_url}/api/2.0/mlflow/registered-models/alias?name={model}&alias=champion",
+            timeout=30,
+        ) as response:
+            return str(json.loads(response.read())["model_version"]["version"])
+    except (urllib.error.URLError, KeyError, ValueError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
