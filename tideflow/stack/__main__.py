@@ -90,7 +90,7 @@ def demo(home: Path, dag_id: str, timeout_s: float) -> int:
     if champion is not None:
         print(
             f"Promoted model: digits-classifier version {champion} is @champion. Load it with\n"
-            f'  MLFLOW_TRACKING_URI={state.services["mlflow"].url} python -c "import '
+            f'  MLFLOW_TRACKING_URI={state.services["mlflow"].url} {sys.executable} -c "import '
             "mlflow.pyfunc; m = mlflow.pyfunc.load_model('models:/digits-classifier@champion')"
             '"'
         )
