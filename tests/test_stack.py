@@ -18,7 +18,8 @@ import pytest
 from tideflow.stack.__main__ import down, up
 from tideflow.stack.airflow_api import AirflowApi
 from tideflow.stack.processes import group_alive
-from tideflow.stack.services import StackState
+from tideflow.stack.services import StackState, s3_client
+from tideflow.storage import safe_segment
 
 pytestmark = pytest.mark.slow
 FIRST_RUN: list[str] = []  # the run id of the first digits run, for the promotion tests
@@ -52,16 +53,7 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
         "promote": "success",
     }
 
-    import boto3
-
-    env = stack.client_env()
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_DEFAULT_REGION"],
-    )
+    s3 = s3_client(stack)
     listing = s3.list_objects_v2(Bucket="tideflow", Prefix="artifacts/digits/")
     keys = [item["Key"] for item in listing.get("Contents", [])]
     assert sorted(k.rsplit("/", 1)[1] for k in keys if "/prepare-data/" in k) == [
@@ -168,24 +160,13 @@ def test_champion_loads_with_pyfunc_and_predicts_with_the_reported_accuracy(
 ) -> None:
     import io
 
-    import boto3
     import mlflow.pyfunc
     import numpy as np
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", stack.services["mlflow"].url)
     model = mlflow.pyfunc.load_model("models:/digits-classifier@champion")
-    env = stack.client_env()
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_DEFAULT_REGION"],
-    )
-    key = (
-        f"artifacts/digits/{FIRST_RUN[0].replace(':', '_').replace('+', '_')}"
-        "/prepare-data/validation.npz"
-    )
+    s3 = s3_client(stack)
+    key = f"artifacts/digits/{safe_segment(FIRST_RUN[0])}/prepare-data/validation.npz"
     data = np.load(io.BytesIO(s3.get_object(Bucket="tideflow", Key=key)["Body"].read()))
     accuracy = float((np.asarray(model.predict(data["x"])).argmax(axis=1) == data["y"]).mean())
     versions, _ = registry_state(stack)

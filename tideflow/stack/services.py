@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tideflow.stack.processes import (
     StackError,
@@ -83,6 +84,20 @@ class StackState:
         env["TIDEFLOW_HOME"] = self.home
         env["TIDEFLOW_ARTIFACT_ROOT"] = "s3://tideflow/artifacts"
         return env
+
+
+def s3_client(state: StackState) -> Any:
+    """A boto3 S3 client for the stack's SeaweedFS server."""
+    import boto3
+
+    env = state.client_env()
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
 
 
 def _bin(name: str) -> str:

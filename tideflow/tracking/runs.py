@@ -91,7 +91,9 @@ def ensure_runs(
     experiment_id = (
         experiment.experiment_id
         if experiment is not None
-        else client.create_experiment(pipeline, tags={"tideflow.team": team})
+        else client.create_experiment(
+            pipeline, artifact_location=_local_artifacts(pipeline), tags={"tideflow.team": team}
+        )
     )
     parent_tags = {TAG_KIND: "pipeline-run", TAG_DAG_ID: dag_id, TAG_RUN_ID: dag_run_id}
     parent = _find(client, experiment_id, parent_tags)
