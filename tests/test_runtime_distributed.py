@@ -47,6 +47,8 @@ def job(
     *,
     max_restarts: int = 0,
     step_delay: float = 0.0,
+    device_class: str = "cpu",
+    workers: int = 2,
 ) -> GangJob:
     command = (
         sys.executable,
@@ -67,8 +69,8 @@ def job(
         gang_id,
         command,
         {"TIDEFLOW_CHECKPOINT_URI": checkpoints},
-        (WorkerSlot(0, "localhost", (0,)), WorkerSlot(1, "localhost", (1,))),
-        "cpu",
+        tuple(WorkerSlot(rank, "localhost", (rank,)) for rank in range(workers)),
+        device_class,
         False,
         max_restarts,
     )

@@ -127,6 +127,12 @@ def train(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one readable trai
         seed=args.seed,
     )
     precision = MixedPrecision(info.device)
+    dtype = str(precision.dtype).removeprefix("torch.") if precision.enabled else "fp32"
+    print(
+        f"rank {info.rank}: device {info.device}, precision {dtype}, "
+        f"process group {info.backend or 'none'} (world {info.world_size})",
+        flush=True,
+    )
     guard = HealthGuard(patience_evals=args.patience, mode="max")
     metrics = MetricsLogger(is_main=info.is_main)
     checkpointer = None
