@@ -7,6 +7,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from tideflow.config import Settings
+from tideflow.operators.links import MLFLOW_RUN_URL_KEY, MlflowRunLink
 from tideflow.steps.context import StepContext
 
 
@@ -19,6 +20,7 @@ class TideflowOperator(BaseOperator):
     """Base of the four step operators. ``__init__`` only stores arguments."""
 
     ui_color = "#d6eaf8"
+    operator_extra_links = (MlflowRunLink(),)
 
     def __init__(self, *, pipeline: str, team: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -47,7 +49,7 @@ def track_step(operator: TideflowOperator, context: Context, kind: str) -> str |
 
     MLflow being down never fails a step: it is logged and the step runs untracked.
     """
-    from tideflow.tracking import ensure_runs, tracking_enabled
+    from tideflow.tracking import ensure_runs, run_url, tracking_enabled
 
     if not tracking_enabled():
         return None
@@ -66,6 +68,9 @@ def track_step(operator: TideflowOperator, context: Context, kind: str) -> str |
         operator.log.warning("tideflow: MLflow is unreachable (%s); the step runs untracked", exc)
         return None
     context["ti"].xcom_push(key="mlflow_run_id", value=ids.step_run_id)
+    url = run_url(ids.experiment_id, ids.step_run_id)
+    if url:
+        context["ti"].xcom_push(key=MLFLOW_RUN_URL_KEY, value=url)
     operator.log.info("tideflow: MLflow run %s (parent %s)", ids.step_run_id, ids.pipeline_run_id)
     return ids.step_run_id
 

@@ -10,6 +10,10 @@ def boom(ctx: StepContext, reason: str = "deliberately broken") -> dict[str, str
     raise ValueError(reason)
 
 
+def emit_marker(ctx: StepContext) -> dict[str, str]:
+    return {"marker": f"{ctx.dag_id}/{ctx.run_id}"}
+
+
 def forgets_an_output(ctx: StepContext) -> dict[str, str]:
     return {"train": "file:///tmp/train.npz"}
 

@@ -23,7 +23,7 @@ def run_dag(pipeline: Path, monkeypatch: pytest.MonkeyPatch, conf: dict[str, Any
     return dag.test(run_conf=conf or {})
 
 
-def xcom(dag_run: Any, task_id: str) -> Any:
+def xcom(dag_run: Any, task_id: str, key: str = "return_value") -> Any:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
@@ -33,7 +33,7 @@ def xcom(dag_run: Any, task_id: str) -> Any:
                 run_id=dag_run.run_id,
                 dag_ids=dag_run.dag_id,
                 task_ids=task_id,
-                key="return_value",
+                key=key,
             )
         ).first()
         return None if row is None else XComModel.deserialize_value(row)
@@ -159,3 +159,27 @@ def test_command_entrypoint_passes_outputs_downstream(
     assert str(dag_run.state) == "success", states(dag_run)
     assert xcom(dag_run, "produce") == {"marker": f"{tmp_path}/hello.txt"}
     assert (tmp_path / "hello.txt").read_text() == dag_run.run_id
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_task_has_an_extra_link_to_its_mlflow_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tracking goes to the test's SQLite store; the UI address is the override
+    # people use when MLflow is browsed under another name than the workers use.
+    monkeypatch.setenv("TIDEFLOW_MLFLOW_UI_URL", "http://mlflow.example:5000/")
+    pipeline = write_pipeline(
+        tmp_path,
+        """\
+        - name: produce
+          data_prep:
+            entrypoint: tests.step_entrypoints:emit_marker
+            outputs: [marker]
+        """,
+    )
+    dag_run = run_dag(pipeline, monkeypatch)
+    assert str(dag_run.state) == "success", states(dag_run)
+    run_id = xcom(dag_run, "produce", "mlflow_run_id")
+    link = xcom(dag_run, "produce", "_link_MlflowRunLink")
+    assert run_id and link.startswith("http://mlflow.example:5000/#/experiments/")
+    assert link.endswith(f"/runs/{run_id}")

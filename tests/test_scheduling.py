@@ -251,3 +251,32 @@ def test_many_processes_never_double_book_a_device(tmp_path: Path) -> None:
             expected |= {(placement.node, device, lease_id) for device in placement.devices}
     assert set(claims) == expected
     assert len(claims) == len(expected) <= 24
+
+
+def test_device_hours_per_team_count_released_expired_and_held_leases(
+    tmp_path: Path, clock: Clock
+) -> None:
+    book = ledger(tmp_path, cluster(("h100", 2, "H100", 8)), clock)
+    start = clock.now
+    vision = book.try_acquire(GangRequest("v", "vision", "gpu", None, 2, 1, 0), "w", 7200)
+    assert isinstance(vision, Lease)
+    clock.now = start + 1800
+    speech = book.try_acquire(GangRequest("s", "speech", "gpu", None, 1, 4, 0), "w", 600)
+    assert isinstance(speech, Lease)  # never renewed: expires at start + 2400
+    clock.now = start + 3600
+    book.release(vision.lease_id)  # 2 GPUs x 1 h
+    book.release(vision.lease_id)  # a second release records nothing more
+    nlp = book.try_acquire(GangRequest("n", "nlp", "gpu", None, 1, 8, 0), "w", 99_999)
+    assert isinstance(nlp, Lease)
+    clock.now = start + 5400  # nlp still holds its 8 GPUs: 0.5 h so far
+
+    def hours(since: float) -> dict[tuple[str, str], float]:
+        return {(u.team, u.device_class): round(u.hours, 6) for u in book.device_hours(since)}
+
+    assert hours(start) == {
+        ("nlp", "gpu"): 8 * 0.5,
+        ("speech", "gpu"): round(4 * 600 / 3600, 6),
+        ("vision", "gpu"): 2 * 1.0,
+    }
+    # Only the part of each lease inside the window counts.
+    assert hours(start + 3000) == {("nlp", "gpu"): 4.0, ("vision", "gpu"): round(2 * 600 / 3600, 6)}

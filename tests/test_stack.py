@@ -78,6 +78,14 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
     )  # the same checkpoint, verified, re-scored
     assert evaluate["tags"]["tideflow.device"] == "cpu (cpu)"
 
+    # Each task's "MLflow run" extra link opens that step's nested run.
+    experiment_id = train["experiment_id"]
+    mlflow_url = stack.services["mlflow"].url
+    for task_id in ("prepare-data", "train", "evaluate", "promote"):
+        link = api.extra_links("digits", run_id, task_id)["MLflow run"]
+        step_run = by_kind[("step", task_id)]["run_id"]
+        assert link == f"{mlflow_url}/#/experiments/{experiment_id}/runs/{step_run}"
+
 
 def mlflow_search(stack: StackState, experiment: str) -> list[dict[str, object]]:
     url = stack.services["mlflow"].url
@@ -103,6 +111,7 @@ def mlflow_search(stack: StackState, experiment: str) -> list[dict[str, object]]
         runs.append(
             {
                 "run_id": run["info"]["run_id"],
+                "experiment_id": run["info"]["experiment_id"],
                 "tags": {t["key"]: t["value"] for t in data.get("tags", [])},
                 "metrics": {m["key"]: m["value"] for m in data.get("metrics", [])},
             }

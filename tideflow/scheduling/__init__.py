@@ -1,12 +1,13 @@
 """Gang scheduling on one inventory: placement (pure) and the shared lease ledger."""
 
 from tideflow.scheduling.ledger import LeaseLedger, LeaseLostError
-from tideflow.scheduling.model import GangRequest, Lease, Refusal, WorkerPlacement
+from tideflow.scheduling.model import DeviceUsage, GangRequest, Lease, Refusal, WorkerPlacement
 from tideflow.scheduling.placement import place
 from tideflow.scheduling.preference import DeviceChoice, choose_device
 
 __all__ = [
     "DeviceChoice",
+    "DeviceUsage",
     "GangRequest",
     "Lease",
     "LeaseLedger",

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tideflow.inventory import Inventory
-from tideflow.scheduling.model import GangRequest, Lease, Refusal, WorkerPlacement
+from tideflow.scheduling.model import DeviceUsage, GangRequest, Lease, Refusal, WorkerPlacement
 from tideflow.scheduling.placement import place
 
 _SCHEMA = """
@@ -63,6 +63,17 @@ CREATE TABLE IF NOT EXISTS waiting (
     last_seen REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (
+    lease_id TEXT PRIMARY KEY,
+    gang_id TEXT NOT NULL,
+    team TEXT NOT NULL,
+    device_class TEXT NOT NULL,
+    devices INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL NOT NULL,
+    ended_by TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_by_end ON usage (ended_at);
 """
 
 
@@ -121,6 +132,11 @@ class LeaseLedger:
 
     # -- housekeeping ---------------------------------------------------------------
     def _expire(self, db: sqlite3.Connection, now: float) -> None:
+        # A lease nobody renewed counts as held until it expired: that is when
+        # its devices became free for others.
+        for row in db.execute("SELECT * FROM leases WHERE expires_at <= ?", (now,)).fetchall():
+            lease = self._lease(row)
+            self._record_usage(db, lease, lease.expires_at, "expired")
         db.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
         db.execute("DELETE FROM waiting WHERE last_seen < ?", (now - self.waiter_timeout_s,))
 
@@ -281,7 +297,59 @@ class LeaseLedger:
 
     def release(self, lease_id: str) -> None:
         with self._transaction() as db:
+            row = db.execute("SELECT * FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
+            if row is not None:
+                self._record_usage(db, self._lease(row), self.clock(), "released")
             db.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
+
+    @staticmethod
+    def _record_usage(db: sqlite3.Connection, lease: Lease, ended_at: float, how: str) -> None:
+        devices = sum(len(p.devices) for p in lease.placements)
+        db.execute(
+            "INSERT OR IGNORE INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                lease.lease_id,
+                lease.gang_id,
+                lease.team,
+                lease.device_class,
+                devices,
+                lease.acquired_at,
+                max(ended_at, lease.acquired_at),
+                how,
+            ),
+        )
+
+    def device_hours(self, since: float, until: float | None = None) -> list[DeviceUsage]:
+        """Device-hours held per (team, device class) within [since, until].
+
+        Ended leases come from the usage journal; leases still held count up to
+        ``until`` (default: now). Only the part of each lease inside the window
+        is counted.
+        """
+        with self._transaction() as db:
+            now = self.clock()
+            self._expire(db, now)
+            end = now if until is None else until
+            spans: list[tuple[str, str, int, float, float]] = [
+                (str(t), str(c), int(n), float(a), float(b))
+                for t, c, n, a, b in db.execute(
+                    "SELECT team, device_class, devices, started_at, ended_at FROM usage "
+                    "WHERE ended_at > ? AND started_at < ?",
+                    (since, end),
+                )
+            ]
+            for row in db.execute("SELECT * FROM leases WHERE acquired_at < ?", (end,)):
+                lease = self._lease(row)
+                devices = sum(len(p.devices) for p in lease.placements)
+                spans.append((lease.team, lease.device_class, devices, lease.acquired_at, end))
+        totals: dict[tuple[str, str], float] = {}
+        for team, device_class, devices, start, stop in spans:
+            seconds = max(0.0, min(stop, end) - max(start, since)) * devices
+            totals[(team, device_class)] = totals.get((team, device_class), 0.0) + seconds
+        return [
+            DeviceUsage(team, device_class, seconds / 3600)
+            for (team, device_class), seconds in sorted(totals.items())
+        ]
 
     def lease_for(self, gang_id: str) -> Lease | None:
         with self._transaction() as db:

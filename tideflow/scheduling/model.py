@@ -43,6 +43,15 @@ class WorkerPlacement:
 
 
 @dataclass(frozen=True)
+class DeviceUsage:
+    """Device-hours one team held on one device class over some window."""
+
+    team: str
+    device_class: str
+    hours: float
+
+
+@dataclass(frozen=True)
 class Lease:
     lease_id: str
     gang_id: str

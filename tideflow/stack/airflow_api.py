@@ -113,6 +113,10 @@ class AirflowApi:
         answer = self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
         return {ti["task_id"]: str(ti["state"]) for ti in answer["task_instances"]}
 
+    def extra_links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str | None]:
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links"
+        return dict(self._request("GET", path)["extra_links"])
+
     def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
