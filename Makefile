@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 .DEFAULT_GOAL := help
 
-.PHONY: help bootstrap demo down status test test-fast lint fmt schema constraints bench clean
+.PHONY: help bootstrap browser demo down status test test-fast lint fmt schema constraints bench clean
 
 help: ## Show the available targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -13,6 +13,9 @@ bootstrap: $(VENV)/.installed ## Create .venv and install tideflow with pinned d
 $(VENV)/.installed: pyproject.toml deploy/local/constraints.txt deploy/local/bootstrap.sh
 	deploy/local/bootstrap.sh
 	@touch $@
+
+browser: ## Install Debian's chromium and chromedriver for the browser test (root or sudo)
+	deploy/local/install-browser.sh
 
 demo: bootstrap ## Start S3 + MLflow + Airflow on 127.0.0.1 and run the digits pipeline
 	$(PY) -m tideflow.stack demo

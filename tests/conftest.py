@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +82,22 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The whole local stack (S3, MLflow, `airflow standalone`) for one test module.
+
+    Every process group it started is stopped at the end, and checked to be gone.
+    """
+    from tideflow.stack.__main__ import down, up
+    from tideflow.stack.processes import group_alive
+    from tideflow.stack.services import StackState
+
+    home = tmp_path_factory.mktemp("stack")
+    try:
+        yield up(home)
+    finally:
+        pids = [s.pid for s in (StackState.load(home) or StackState(str(home))).services.values()]
+        down(home)
+        assert not [pid for pid in pids if group_alive(pid)], "a server outlived `down`"

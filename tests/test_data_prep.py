@@ -183,3 +183,10 @@ def test_task_has_an_extra_link_to_its_mlflow_run(
     link = xcom(dag_run, "produce", "_link_MlflowRunLink")
     assert run_id and link.startswith("http://mlflow.example:5000/#/experiments/")
     assert link.endswith(f"/runs/{run_id}")
+
+    # The DAG's success callback closed the run's parent MLflow run.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    parent_id = client.get_run(run_id).data.tags["mlflow.parentRunId"]
+    assert client.get_run(parent_id).info.status == "FINISHED"

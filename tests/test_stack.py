@@ -8,34 +8,21 @@ group it started.
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tideflow.stack.__main__ import down, up
+from tideflow.stack.__main__ import up
 from tideflow.stack.airflow_api import AirflowApi
-from tideflow.stack.processes import group_alive
 from tideflow.stack.services import StackState, s3_client
 from tideflow.storage import safe_segment
 
 pytestmark = pytest.mark.slow
 FIRST_RUN: list[str] = []  # the run id of the first digits run, for the promotion tests
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackState]:
-    home = tmp_path_factory.mktemp("stack")
-    state = None
-    try:
-        state = up(home)
-        yield state
-    finally:
-        pids = [s.pid for s in (StackState.load(home) or StackState(str(home))).services.values()]
-        down(home)
-        assert not [pid for pid in pids if group_alive(pid)], "a server outlived `down`"
 
 
 def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
@@ -162,6 +149,62 @@ def test_first_run_promoted_version_1_with_lineage(stack: StackState) -> None:
     assert tags["tideflow.checkpoint"].startswith("s3://tideflow/artifacts/digits/")
     assert len(tags["tideflow.checkpoint_checksum"]) == 64
     assert float(tags["tideflow.metric.accuracy"]) >= 0.95
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, str, str]:
+    """(status, body, Location header) of a GET that does not follow redirects."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(request, timeout=60) as response:
+            return response.status, response.read().decode(), ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace"), exc.headers.get("Location", "")
+
+
+def test_tideflow_page_needs_a_login_and_shows_runs_champions_and_usage(
+    stack: StackState,
+) -> None:
+    assert FIRST_RUN, "runs after test_digits_runs_through_the_rest_api"
+    base = stack.services["airflow"].url
+    status, _, location = _get(f"{base}/tideflow/")
+    assert status == 303 and "/auth/login" in location  # a browser is sent to log in
+    assert _get(f"{base}/tideflow/api/overview")[0] == 401
+    assert _get(f"{base}/tideflow/api/overview", "not-a-token")[0] in (401, 403)
+
+    api = AirflowApi(base, stack.airflow_user, stack.airflow_password)
+    status, body, _ = _get(f"{base}/tideflow/api/overview", api.token())
+    assert status == 200, body
+    overview = json.loads(body)
+    (digits,) = [p for p in overview["pipelines"] if p["dag_id"] == "digits"]
+    assert digits["team"] == "vision"
+    first = next(r for r in digits["runs"] if r["run_id"] == FIRST_RUN[0])
+    assert first["state"] == "success"
+    assert first["mlflow_url"].startswith(stack.services["mlflow"].url + "/#/experiments/")
+    (champion,) = [c for c in overview["champions"] if c["model"] == "digits-classifier"]
+    assert champion["version"] == "1" and champion["dag_run_id"] == FIRST_RUN[0]
+    usage = {(u["team"], u["device_class"]): u["hours"] for u in overview["usage"]}
+    assert usage[("vision", "cpu")] > 0  # the 2-worker CPU gang's lease
+
+    status, html, _ = _get(f"{base}/tideflow/", api.token())
+    assert status == 200 and "digits-classifier" in html and FIRST_RUN[0] in html
+
+    # The DAG's success callback closes the parent MLflow run (shortly after the run ends).
+    deadline = time.monotonic() + 60
+    while first["mlflow_status"] != "FINISHED" and time.monotonic() < deadline:
+        time.sleep(2)
+        overview = json.loads(_get(f"{base}/tideflow/api/overview", api.token())[1])
+        first = next(
+            r for p in overview["pipelines"] for r in p["runs"] if r["run_id"] == FIRST_RUN[0]
+        )
+    assert first["mlflow_status"] == "FINISHED"
 
 
 def test_champion_loads_with_pyfunc_and_predicts_with_the_reported_accuracy(

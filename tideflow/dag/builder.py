@@ -10,6 +10,10 @@ from airflow.sdk import DAG, Param
 
 from tideflow import operators  # type: ignore[attr-defined]  # mapped from operators/
 from tideflow.compile.dag_plan import DagPlan, TaskPlan
+from tideflow.operators.callbacks import (
+    pipeline_run_failed,
+    pipeline_run_succeeded,
+)
 
 # A fixed start date in the past: pipelines with a schedule start from their
 # first deployment (catchup is off), and manual-only pipelines ignore it.
@@ -82,6 +86,8 @@ def build_dag(plan: DagPlan, source: Path | None = None) -> DAG:
         # Jinja renders '{{ params.seed }}' to the int 42, not the string "42".
         render_template_as_native_obj=True,
         doc_md=doc,
+        on_success_callback=pipeline_run_succeeded,
+        on_failure_callback=pipeline_run_failed,
     )
     tasks = {}
     for task in plan.tasks:

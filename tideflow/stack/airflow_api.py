@@ -113,6 +113,12 @@ class AirflowApi:
         answer = self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
         return {ti["task_id"]: str(ti["state"]) for ti in answer["task_instances"]}
 
+    def dag_runs(self, dag_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        answer = self._request(
+            "GET", f"/api/v2/dags/{dag_id}/dagRuns?limit={limit}&order_by=-run_after"
+        )
+        return list(answer["dag_runs"])
+
     def extra_links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str | None]:
         path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links"
         return dict(self._request("GET", path)["extra_links"])

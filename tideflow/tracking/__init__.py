@@ -1,11 +1,18 @@
 """MLflow bookkeeping: one parent run per DAG run, one nested run per step."""
 
 from tideflow.tracking.links import mlflow_ui_base, model_version_url, run_url
-from tideflow.tracking.runs import RunIds, ensure_runs, finish_step_run, tracking_enabled
+from tideflow.tracking.runs import (
+    RunIds,
+    ensure_runs,
+    finish_pipeline_run,
+    finish_step_run,
+    tracking_enabled,
+)
 
 __all__ = [
     "RunIds",
     "ensure_runs",
+    "finish_pipeline_run",
     "finish_step_run",
     "mlflow_ui_base",
     "model_version_url",

@@ -135,3 +135,17 @@ def finish_step_run(
     for name, number in (metrics or {}).items():
         client.log_metric(run_id, name, number)
     client.set_terminated(run_id, "FINISHED" if succeeded else "FAILED")
+
+
+def finish_pipeline_run(*, pipeline: str, dag_id: str, dag_run_id: str, succeeded: bool) -> bool:
+    """Close the parent run of a DAG run; False when it has none (never tracked)."""
+    client = _client()
+    experiment = client.get_experiment_by_name(pipeline)
+    if experiment is None:
+        return False
+    tags = {TAG_KIND: "pipeline-run", TAG_DAG_ID: dag_id, TAG_RUN_ID: dag_run_id}
+    run_id = _find(client, experiment.experiment_id, tags)
+    if run_id is None:
+        return False
+    client.set_terminated(run_id, "FINISHED" if succeeded else "FAILED")
+    return True

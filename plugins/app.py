@@ -1,0 +1,143 @@
+"""The tideflow page as a FastAPI app mounted by Airflow's API server under ``/tideflow``.
+
+Airflow does not put plugin apps behind its login, so every route here asks
+Airflow's auth manager who the caller is (the UI's session cookie or a bearer
+token) and shows only the DAGs that user may read. A browser without a session
+is sent to Airflow's login page and back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+from urllib.parse import quote
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.core_api.security import GetUserDep
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from tideflow.ui import (
+    DagRunRow,
+    Overview,
+    PipelineRow,
+    champions,
+    device_usage,
+    pipeline_mlflow_runs,
+    render_page,
+)
+
+URL_PREFIX = "/tideflow"
+RUNS_PER_PIPELINE = 5
+USAGE_WINDOW_DAYS = 7
+
+app = FastAPI(title="tideflow", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+@app.exception_handler(HTTPException)
+async def _to_login(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 401 and not request.url.path.startswith(f"{URL_PREFIX}/api/"):
+        login = get_auth_manager().get_url_login(next_url=f"{URL_PREFIX}/")
+        return RedirectResponse(login, status_code=303)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+
+def _when(value: dt.datetime | None) -> str | None:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if value else None
+
+
+def _airflow_pipelines(user: Any) -> list[tuple[Any, list[Any]]]:
+    """The tideflow DAGs this user may read, each with its most recent runs."""
+    from airflow.models import DagModel, DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+    found = []
+    with create_session() as session:
+        dags = session.scalars(
+            select(DagModel)
+            .where(DagModel.dag_id.in_(allowed), DagModel.is_stale.is_(False))
+            .order_by(DagModel.dag_id)
+        ).all()
+        for dag in dags:
+            tags = [tag.name for tag in dag.tags]
+            if "tideflow" not in tags:
+                continue
+            runs = session.scalars(
+                select(DagRun)
+                .where(DagRun.dag_id == dag.dag_id)
+                .order_by(DagRun.run_after.desc())
+                .limit(RUNS_PER_PIPELINE)
+            ).all()
+            team = next((t.removeprefix("team:") for t in tags if t.startswith("team:")), "")
+            found.append(
+                (
+                    (dag.dag_id, team, bool(dag.is_paused)),
+                    [(r.run_id, str(r.state), r.start_date, r.end_date) for r in runs],
+                )
+            )
+    return found
+
+
+def build_overview(user: Any) -> Overview:
+    from tideflow.config import Settings
+    from tideflow.tracking import mlflow_ui_base, tracking_enabled
+
+    problems = []
+    airflow_part = _airflow_pipelines(user)
+    mlflow_runs: dict[tuple[str, str], tuple[str, str]] = {}
+    model_rows = []
+    if tracking_enabled():
+        try:
+            mlflow_runs = pipeline_mlflow_runs({dag[0] for dag, _ in airflow_part})
+            model_rows = champions()
+        except Exception as exc:  # the page still shows what Airflow knows
+            problems.append(f"MLflow could not be read: {exc}")
+    pipelines = []
+    for (dag_id, team, paused), runs in airflow_part:
+        rows = []
+        for run_id, state, started, ended in runs:
+            url, status = mlflow_runs.get((dag_id, run_id), (None, None))
+            rows.append(
+                DagRunRow(
+                    run_id=run_id,
+                    state=state,
+                    started=_when(started),
+                    ended=_when(ended),
+                    airflow_url=f"/dags/{quote(dag_id)}/runs/{quote(run_id, safe='')}",
+                    mlflow_url=url or None,
+                    mlflow_status=status,
+                )
+            )
+        pipelines.append(PipelineRow(dag_id, team, paused, tuple(rows)))
+    settings = Settings.from_env()
+    try:
+        usage = device_usage(
+            settings.home / "leases.db",
+            time.time() - USAGE_WINDOW_DAYS * 86400,
+            str(settings.cluster_file) if settings.cluster_file else None,
+        )
+    except Exception as exc:
+        problems.append(f"the lease ledger could not be read: {exc}")
+        usage = []
+    return Overview(
+        generated_at=_when(dt.datetime.now(dt.UTC)) or "",
+        pipelines=tuple(pipelines),
+        champions=tuple(model_rows),
+        usage=tuple(usage),
+        usage_window_days=USAGE_WINDOW_DAYS,
+        mlflow_url=mlflow_ui_base(),
+        problems=tuple(problems),
+    )
+
+
+@app.get("/", response_class=HTMLResponse)
+def page(user: GetUserDep) -> HTMLResponse:
+    return HTMLResponse(render_page(build_overview(user)))
+
+
+@app.get("/api/overview")
+def overview(user: GetUserDep) -> dict[str, Any]:
+    return build_overview(user).to_json()

@@ -1,0 +1,59 @@
+"""Rows of the tideflow page, as plain data (also served as JSON)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DagRunRow:
+    run_id: str
+    state: str
+    started: str | None
+    ended: str | None
+    airflow_url: str
+    mlflow_url: str | None = None
+    mlflow_status: str | None = None
+
+
+@dataclass(frozen=True)
+class PipelineRow:
+    dag_id: str
+    team: str
+    paused: bool
+    runs: tuple[DagRunRow, ...]
+
+
+@dataclass(frozen=True)
+class ChampionRow:
+    model: str
+    version: str
+    url: str | None
+    dag_id: str | None
+    dag_run_id: str | None
+    checkpoint: str | None
+    metrics: dict[str, str]
+    previous_version: str | None
+    versions: int
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    team: str
+    device_class: str
+    hours: float
+
+
+@dataclass(frozen=True)
+class Overview:
+    generated_at: str
+    pipelines: tuple[PipelineRow, ...]
+    champions: tuple[ChampionRow, ...]
+    usage: tuple[UsageRow, ...]
+    usage_window_days: int
+    mlflow_url: str | None
+    problems: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

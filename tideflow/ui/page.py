@@ -1,0 +1,138 @@
+"""The tideflow page as one self-contained HTML document (no scripts, no build step)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from html import escape
+from urllib.parse import quote
+
+from tideflow.ui.model import ChampionRow, Overview, PipelineRow, UsageRow
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
+       color: #1f2933; background: #f5f7fa; }
+header { background: #0b3954; color: #fff; padding: 14px 24px; }
+header h1 { margin: 0; font-size: 20px; font-weight: 600; }
+header p { margin: 4px 0 0; font-size: 13px; opacity: .8; }
+main { padding: 16px 24px; display: grid; gap: 16px; }
+section { background: #fff; border: 1px solid #d9e2ec; border-radius: 6px; padding: 12px 16px; }
+h2 { font-size: 16px; margin: 0 0 8px; }
+table { border-collapse: collapse; width: 100%; font-size: 13px; }
+th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid #e4e7eb;
+         vertical-align: top; }
+th { color: #52606d; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.state { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; }
+.success { background: #c6f7e2; color: #014d40; } .failed { background: #ffe3e3; color: #610404; }
+.running, .queued { background: #e0e8f9; color: #19216c; }
+.other { background: #e4e7eb; color: #323f4b; }
+.muted { color: #7b8794; } .problem { color: #8a041a; }
+a { color: #0b69a3; text-decoration: none; } a:hover { text-decoration: underline; }
+code { font-size: 12px; }
+"""
+
+
+def _link(url: str | None, text: str) -> str:
+    if not url:
+        return escape(text)
+    return f'<a href="{escape(url)}" target="_top">{escape(text)}</a>'
+
+
+def _number(value: str) -> str:
+    try:
+        return f"{float(value):.4g}"
+    except ValueError:
+        return escape(value)
+
+
+def _state(state: str) -> str:
+    css = state if state in ("success", "failed", "running", "queued") else "other"
+    return f'<span class="state {css}">{escape(state)}</span>'
+
+
+def _pipelines(rows: tuple[PipelineRow, ...]) -> str:
+    if not rows:
+        return '<p class="muted">No tideflow pipelines are visible to you.</p>'
+    body = []
+    for pipeline in rows:
+        header = (
+            f'<tr><td rowspan="{max(1, len(pipeline.runs))}"><b>{escape(pipeline.dag_id)}</b>'
+            f'<br><span class="muted">team {escape(pipeline.team)}'
+            f"{' · paused' if pipeline.paused else ''}</span></td>"
+        )
+        if not pipeline.runs:
+            body.append(header + '<td colspan="5" class="muted">no runs yet</td></tr>')
+            continue
+        for index, run in enumerate(pipeline.runs):
+            cells = (
+                f"<td>{_link(run.airflow_url, run.run_id)}</td><td>{_state(run.state)}</td>"
+                f"<td>{escape(run.started or '')}</td><td>{escape(run.ended or '')}</td>"
+                f"<td>{_link(run.mlflow_url, run.mlflow_status or '') if run.mlflow_status else ''}"
+                "</td></tr>"
+            )
+            body.append((header if index == 0 else "<tr>") + cells)
+    return (
+        "<table><tr><th>pipeline</th><th>DAG run</th><th>state</th><th>started (UTC)</th>"
+        "<th>ended (UTC)</th><th>MLflow run</th></tr>" + "".join(body) + "</table>"
+    )
+
+
+def _champions(rows: tuple[ChampionRow, ...]) -> str:
+    if not rows:
+        return '<p class="muted">No model has a champion yet.</p>'
+    body = []
+    for row in rows:
+        metrics = ", ".join(f"{escape(k)} {_number(v)}" for k, v in row.metrics.items())
+        run_page = (
+            f"/dags/{quote(row.dag_id)}/runs/{quote(row.dag_run_id, safe='')}"
+            if row.dag_id and row.dag_run_id
+            else None
+        )
+        body.append(
+            f"<tr><td><b>{escape(row.model)}</b></td>"
+            f"<td>{_link(row.url, 'version ' + row.version)}</td>"
+            f"<td>{escape(row.previous_version or '-')}</td><td class='num'>{row.versions}</td>"
+            f"<td>{metrics}</td><td>{_link(run_page, row.dag_run_id or '')}</td>"
+            f"<td><code>{escape(row.checkpoint or '')}</code></td></tr>"
+        )
+    return (
+        "<table><tr><th>model</th><th>champion</th><th>previous</th><th>versions</th>"
+        "<th>metrics</th><th>from DAG run</th><th>checkpoint</th></tr>" + "".join(body) + "</table>"
+    )
+
+
+def _usage(rows: tuple[UsageRow, ...], days: int) -> str:
+    if not rows:
+        return f'<p class="muted">No devices were leased in the last {days} days.</p>'
+    classes = sorted({row.device_class for row in rows}, key=lambda c: (c != "gpu", c))
+    by_team: dict[str, dict[str, float]] = defaultdict(dict)
+    for row in rows:
+        by_team[row.team][row.device_class] = row.hours
+    head = "".join(f"<th>{escape(c.upper())}-hours</th>" for c in classes)
+    body = "".join(
+        f"<tr><td>{escape(team)}</td>"
+        + "".join(f"<td class='num'>{hours.get(c, 0.0):.2f}</td>" for c in classes)
+        + "</tr>"
+        for team, hours in sorted(by_team.items())
+    )
+    return f"<table><tr><th>team</th>{head}</tr>{body}</table>"
+
+
+def render_page(overview: Overview) -> str:
+    problems = "".join(f'<p class="problem">{escape(p)}</p>' for p in overview.problems)
+    mlflow = _link(overview.mlflow_url, "MLflow") if overview.mlflow_url else "MLflow"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>tideflow</title>
+<style>{_STYLE}</style></head>
+<body>
+<header><h1>tideflow</h1>
+<p>Pipelines, their runs, champions in the {mlflow} registry and device use per team ·
+generated {escape(overview.generated_at)} UTC</p></header>
+<main>
+{problems}
+<section id="pipelines"><h2>Pipelines and recent runs</h2>{_pipelines(overview.pipelines)}</section>
+<section id="champions"><h2>Champions</h2>{_champions(overview.champions)}</section>
+<section id="usage"><h2>Device-hours per team, last {overview.usage_window_days} days</h2>
+{_usage(overview.usage, overview.usage_window_days)}</section>
+</main></body></html>
+"""
