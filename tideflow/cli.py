@@ -133,6 +133,65 @@ def cmd_pools(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_broker_simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from tideflow.broker import (
+        LoadSourceError,
+        SimulationConfig,
+        SyntheticLoad,
+        TraceLoad,
+        load_jobs,
+        simulate,
+        synthetic_jobs,
+    )
+
+    try:
+        load = TraceLoad(args.trace) if args.trace != "synthetic" else None
+        if load is None:
+            synthetic = SyntheticLoad(mean_rps=args.synthetic_mean_rps, seed=args.seed)
+            horizon = args.days * 86400.0
+            load_source: object = _BoundedLoad(synthetic, horizon)
+        else:
+            horizon = load.end_s - load.start_s
+            load_source = load
+        config = SimulationConfig(
+            policy=args.policy,
+            total_gpus=args.gpus,
+            node_gpus=args.node_gpus,
+            per_gpu_rps=args.per_gpu_rps,
+        )
+        config.static_gpus()  # validates the policy string
+        jobs = (
+            synthetic_jobs(seed=args.seed, total_gpus=args.gpus, horizon_s=horizon)
+            if args.jobs == "synthetic"
+            else load_jobs(args.jobs)
+        )
+        result = simulate(load_source, jobs, config)  # type: ignore[arg-type]
+    except (LoadSourceError, ValueError, OSError) as exc:
+        print(f"tideflow broker simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(timeline=args.timeline), indent=2))
+    else:
+        for key, value in result.metrics.items():
+            print(f"{key:32s} {value}")
+    return 0
+
+
+class _BoundedLoad:
+    """A synthetic load with a finite horizon, as the simulator wants."""
+
+    def __init__(self, load: Any, horizon_s: float) -> None:
+        self.load = load
+        self.window_s = load.window_s
+        self.start_s = 0.0
+        self.end_s = horizon_s
+
+    def samples(self, start_s: float, end_s: float) -> Any:
+        return self.load.samples(start_s, min(end_s, self.end_s))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tideflow",
@@ -200,6 +259,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pools.add_argument("--cluster", help="cluster inventory file (default: this machine)")
     pools.set_defaults(func=cmd_pools)
+
+    broker = sub.add_parser(
+        "broker", help="the GPU broker between inference and training", description=""
+    )
+    broker_sub = broker.add_subparsers(dest="broker_command", required=True, metavar="COMMAND")
+    sim = broker_sub.add_parser(
+        "simulate",
+        help="replay a load trace against a training backlog under a policy",
+        description="Replay an inference load trace in simulated time against a backlog "
+        "of training gangs and print what the policy achieved. The policy sees only "
+        "the past.",
+    )
+    sim.add_argument(
+        "--trace", required=True, help="CSV with start_s,rate_rps, or 'synthetic' (seeded)"
+    )
+    sim.add_argument("--gpus", type=int, default=200, help="GPUs in the cluster (default 200)")
+    sim.add_argument("--node-gpus", type=int, default=8, help="GPUs per node (default 8)")
+    sim.add_argument(
+        "--per-gpu-rps",
+        type=float,
+        required=True,
+        help="requests/s one inference GPU serves within its latency SLO",
+    )
+    sim.add_argument("--policy", default="tidal", help="'tidal' or 'static:N' (N inference GPUs)")
+    sim.add_argument(
+        "--jobs", default="synthetic", help="'synthetic' (seeded) or a CSV of training jobs"
+    )
+    sim.add_argument("--seed", type=int, default=0, help="seed of the synthetic streams")
+    sim.add_argument("--days", type=float, default=14, help="length of a synthetic trace")
+    sim.add_argument("--synthetic-mean-rps", type=float, default=2000.0)
+    sim.add_argument("--json", action="store_true", help="print the result as JSON")
+    sim.add_argument("--timeline", action="store_true", help="with --json: every window too")
+    sim.set_defaults(func=cmd_broker_simulate)
     return parser
 
 

@@ -1,0 +1,175 @@
+"""Load sources and the forecast: trace parsing and its errors, gaps, outage cleaning,
+seeded synthetic load, a Prometheus range query, and a forecast that never sees the future.
+
+The Prometheus test serves canned `query_range` answers from a small HTTP server
+on 127.0.0.1 (no Prometheus server can run here); it says so here and checks
+the HTTP exchange, not Prometheus itself.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tideflow.broker import (
+    LoadForecaster,
+    LoadSample,
+    LoadSourceError,
+    PrometheusLoad,
+    SyntheticLoad,
+    TraceLoad,
+    clean_outages,
+)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    return path
+
+
+def test_trace_zero_and_missing_windows_are_gaps_not_zero_load(tmp_path: Path) -> None:
+    trace = TraceLoad(write(tmp_path, "start_s,rate_rps\n0,10\n600,0\n1800,12.5\n2400,nan\n"))
+    assert trace.window_s == 600
+    assert trace.samples(0, 3000) == [
+        LoadSample(0, 10.0),
+        LoadSample(600, None),  # zero
+        LoadSample(1200, None),  # missing row
+        LoadSample(1800, 12.5),
+        LoadSample(2400, None),  # NaN
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("time,rps\n0,1\n600,2\n", "trace.csv:1: header is ['time', 'rps']; expected the columns"),
+        ("start_s,rate_rps\n0,1\n600,lots\n", "trace.csv:3: ['600', 'lots'] is not two numbers"),
+        ("start_s,rate_rps\n0,1\n0,2\n", "trace.csv:3: start_s 0 repeated"),
+        ("start_s,rate_rps\n0,1\n-600,2\n", "trace.csv:3: start_s '-600' must be a whole number"),
+        ("start_s,rate_rps\n0,1\n600,2\n1500,3\n", "windows are not on one grid"),
+        ("start_s,rate_rps\n0,1\n", "needs at least two windows"),
+    ],
+)
+def test_bad_trace_is_refused_with_file_and_line(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(LoadSourceError, match=None) as info:
+        TraceLoad(write(tmp_path, text))
+    assert message in str(info.value)
+
+
+def test_outage_windows_are_cleaned_using_the_past_only() -> None:
+    rates = [1000.0, 1010, 990, 1005, 995, 1000, 3.0, 1002, 0.9, 998]
+    cleaned = clean_outages([LoadSample(i * 600, r) for i, r in enumerate(rates)])
+    assert [s.rate is None for s in cleaned] == [False] * 6 + [True, False, True, False]
+    # The first windows have no past to judge by: kept as they are.
+    early = clean_outages([LoadSample(0, 5.0), LoadSample(600, 1000.0)])
+    assert [s.rate for s in early] == [5.0, 1000.0]
+
+
+def test_synthetic_load_is_seeded_and_range_independent() -> None:
+    load = SyntheticLoad(mean_rps=1000, seed=7)
+    whole = load.samples(0, 2 * 86400)
+    assert load.samples(86400, 2 * 86400) == whole[144:]
+    assert SyntheticLoad(mean_rps=1000, seed=7).samples(0, 86400) == whole[:144]
+    assert SyntheticLoad(mean_rps=1000, seed=8).samples(0, 86400) != whole[:144]
+    day = [s.rate for s in whole[:144] if s.rate]
+    assert max(day) / min(day) > 2  # a real day/night swing
+
+
+class _PrometheusAnswers(http.server.BaseHTTPRequestHandler):
+    answers: list[dict[str, object]] = []
+    queries: list[dict[str, list[str]]] = []
+
+    def do_GET(self) -> None:
+        self.queries.append(urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query))
+        body = json.dumps(self.answers.pop(0)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def prometheus() -> Iterator[type[_PrometheusAnswers]]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PrometheusAnswers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _PrometheusAnswers.answers, _PrometheusAnswers.queries = [], []
+    _PrometheusAnswers.base = f"http://127.0.0.1:{server.server_port}"  # type: ignore[attr-defined]
+    try:
+        yield _PrometheusAnswers
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_prometheus_range_query_with_missing_and_nan_steps(
+    prometheus: type[_PrometheusAnswers],
+) -> None:
+    prometheus.answers.append(
+        {
+            "status": "success",
+            "data": {
+                "resultType": "matrix",
+                "result": [{"metric": {}, "values": [[60, "12.5"], [180, "NaN"], [240, "0"]]}],
+            },
+        }
+    )
+    load = PrometheusLoad(prometheus.base, "sum(rate(requests_total[1m]))", window_s=60)  # type: ignore[attr-defined]
+    assert load.samples(60, 300) == [
+        LoadSample(60, 12.5),
+        LoadSample(120, None),
+        LoadSample(180, None),
+        LoadSample(240, None),
+    ]
+    (query,) = prometheus.queries
+    assert query["query"] == ["sum(rate(requests_total[1m]))"] and query["step"] == ["60s"]
+
+
+def test_prometheus_several_series_is_an_error_and_down_is_all_gaps(
+    prometheus: type[_PrometheusAnswers],
+) -> None:
+    series = {"metric": {}, "values": [[60, "1"]]}
+    prometheus.answers.append(
+        {"status": "success", "data": {"resultType": "matrix", "result": [series, series]}}
+    )
+    load = PrometheusLoad(prometheus.base, "rate(x[1m])", window_s=60)  # type: ignore[attr-defined]
+    with pytest.raises(LoadSourceError, match="returned 2 series; it must return one"):
+        load.samples(60, 120)
+    unreachable = PrometheusLoad("http://127.0.0.1:9", "up", window_s=60, timeout_s=2)
+    assert unreachable.samples(0, 180) == [LoadSample(t, None) for t in (0, 60, 120)]
+
+
+def test_forecast_ignores_samples_from_the_future() -> None:
+    history = SyntheticLoad(mean_rps=1000, seed=3).samples(0, 3 * 86400)
+    forecaster = LoadForecaster(600)
+    now = 2 * 86400 + 3600
+    honest = forecaster.forecast(history, now, 1800)
+    tampered = [
+        LoadSample(s.start_s, s.rate * 100 if s.rate and s.start_s >= now else s.rate)
+        for s in history
+    ]
+    assert forecaster.forecast(tampered, now, 1800) == honest
+
+
+def test_forecast_bounds_a_diurnal_load_and_learns_its_jumps() -> None:
+    load = SyntheticLoad(mean_rps=1000, seed=4, burst_probability=0.0, outage_probability=0.0)
+    history = load.samples(0, 9 * 86400)
+    forecaster = LoadForecaster(600, quantile=0.99)
+    covered = total = 0
+    for index in range(8 * 144, 9 * 144):
+        now = history[index].start_s
+        bound = forecaster.forecast(history[:index], now, 600)
+        assert bound.upper is not None and bound.basis == "level+seasonal"
+        total += 1
+        covered += bound.upper >= history[index].rate  # type: ignore[operator]
+    assert covered / total >= 0.97  # a 99% bound learned from the past holds on the next day

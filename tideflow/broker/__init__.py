@@ -1,0 +1,54 @@
+"""The resource broker: shifts GPUs between inference and training by time-of-day load.
+
+Load sources (trace, synthetic, Prometheus) -> a forecast from history only ->
+a pure policy (snapshot -> decision) -> actuators. The simulator replays a
+trace against a training backlog to measure a policy.
+"""
+
+from tideflow.broker.forecast import Forecast, LoadForecaster, clean_outages
+from tideflow.broker.jobs import JobSpec, load_jobs, synthetic_jobs
+from tideflow.broker.load import (
+    LoadSample,
+    LoadSource,
+    LoadSourceError,
+    PrometheusLoad,
+    SyntheticLoad,
+    TraceLoad,
+)
+from tideflow.broker.policy import (
+    Action,
+    Decision,
+    GangView,
+    PolicyConfig,
+    Reclaim,
+    Snapshot,
+    decide,
+    gpus_for,
+)
+from tideflow.broker.simulate import SimulationConfig, SimulationResult, simulate
+
+__all__ = [
+    "Action",
+    "Decision",
+    "Forecast",
+    "GangView",
+    "JobSpec",
+    "LoadForecaster",
+    "LoadSample",
+    "LoadSource",
+    "LoadSourceError",
+    "PolicyConfig",
+    "PrometheusLoad",
+    "Reclaim",
+    "SimulationConfig",
+    "SimulationResult",
+    "Snapshot",
+    "SyntheticLoad",
+    "TraceLoad",
+    "clean_outages",
+    "decide",
+    "gpus_for",
+    "load_jobs",
+    "simulate",
+    "synthetic_jobs",
+]

@@ -1,0 +1,237 @@
+"""The broker's policy: a pure function of (snapshot, config) -> decision.
+
+No clock, no I/O: the same snapshot always gives the same decision, so every
+decision can be replayed from its recorded snapshot and tested table-driven.
+
+How many GPUs inference wants: enough for the forecast's upper bound over the
+lead window at the per-GPU throughput, plus headroom, in whole nodes, within
+[min, max]. Growing is never delayed (the SLO comes first); lending GPUs to
+training needs a surplus of at least ``shrink_margin_gpus`` (hysteresis),
+``cooldown_s`` since the last lend, and real measurements (never during a data
+gap). When inference grows, idle training GPUs go first; then whole gangs
+(or elastic gangs down to their minimum) are reclaimed, lowest priority
+first and, within a priority, the one with the least work since its last
+checkpoint; each is asked to checkpoint before it is evicted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from tideflow.broker.forecast import Forecast
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    total_gpus: int
+    per_gpu_rps: float
+    node_gpus: int = 8
+    headroom: float = 0.1
+    min_inference_gpus: int = 8
+    max_inference_gpus: int | None = None
+    lead_s: float = 1800.0
+    lend_horizon_s: float = 2 * 3600.0  # lent GPUs should stay lent at least this long
+    cooldown_s: float = 3600.0
+    shrink_margin_gpus: int | None = None  # default: one node
+    checkpoint_grace_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.total_gpus <= 0:
+            problems.append(f"total_gpus must be > 0 (got {self.total_gpus})")
+        if self.per_gpu_rps <= 0:
+            problems.append(f"per_gpu_rps must be > 0 (got {self.per_gpu_rps})")
+        if self.node_gpus <= 0 or self.total_gpus % max(self.node_gpus, 1):
+            problems.append(
+                f"node_gpus must divide total_gpus ({self.total_gpus} % {self.node_gpus})"
+            )
+        if not 0 <= self.min_inference_gpus <= self.ceiling <= self.total_gpus:
+            problems.append(
+                "need 0 <= min_inference_gpus <= max_inference_gpus <= total_gpus "
+                f"(got {self.min_inference_gpus}, {self.ceiling}, {self.total_gpus})"
+            )
+        if self.headroom < 0 or self.cooldown_s < 0 or self.lead_s < 0:
+            problems.append("headroom, cooldown_s and lead_s must be >= 0")
+        if problems:
+            raise ValueError("broker policy: " + "; ".join(problems))
+
+    @property
+    def ceiling(self) -> int:
+        return self.total_gpus if self.max_inference_gpus is None else self.max_inference_gpus
+
+    @property
+    def margin(self) -> int:
+        return self.node_gpus if self.shrink_margin_gpus is None else self.shrink_margin_gpus
+
+
+@dataclass(frozen=True)
+class GangView:
+    """A training gang on the shared pool, as the policy sees it."""
+
+    gang_id: str
+    gpus: int
+    priority: int = 0
+    last_checkpoint_s: float = 0.0  # when its newest checkpoint was committed (or it started)
+    min_gpus: int | None = None  # elastic lower bound; None = rigid
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now_s: float
+    inference_gpus: int  # allocated to inference now
+    measured_rps: float | None  # the last complete window; None = data gap
+    forecast: Forecast
+    idle_training_gpus: int  # training-pool GPUs no gang holds
+    gangs: tuple[GangView, ...] = ()
+    last_lend_s: float | None = None  # when inference last lent GPUs to training
+    lend_forecast: Forecast | None = None  # over config.lend_horizon_s; None: use forecast
+
+
+class Action(StrEnum):
+    HOLD = "hold"
+    GROW = "grow"  # training -> inference
+    LEND = "lend"  # inference -> training
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    gang_id: str
+    gpus: int  # GPUs it gives back
+    evicted: bool  # True: the whole gang stops; False: elastic shrink
+    work_at_risk_s: float  # seconds of work since its last checkpoint
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    inference_gpus: int  # allocation after the decision
+    needed_now: int | None
+    wanted: int | None
+    emergency: bool = False
+    reclaims: tuple[Reclaim, ...] = field(default=())
+    reason: str = ""
+
+    @property
+    def moved(self) -> int:
+        return sum(r.gpus for r in self.reclaims)
+
+
+def gpus_for(rate: float, config: PolicyConfig) -> int:
+    """GPUs that serve ``rate`` within the SLO (no headroom)."""
+    return math.ceil(rate / config.per_gpu_rps - 1e-9)
+
+
+def _whole_nodes_up(gpus: int, config: PolicyConfig) -> int:
+    return math.ceil(gpus / config.node_gpus) * config.node_gpus
+
+
+def _victims(snapshot: Snapshot, gpus: int) -> list[Reclaim]:
+    """Gangs to reclaim for ``gpus`` GPUs: low priority, then least work lost, first."""
+    order = sorted(
+        snapshot.gangs,
+        key=lambda g: (g.priority, snapshot.now_s - g.last_checkpoint_s, g.gang_id),
+    )
+    chosen: list[Reclaim] = []
+    remaining = gpus
+    for gang in order:
+        if remaining <= 0:
+            break
+        at_risk = max(0.0, snapshot.now_s - gang.last_checkpoint_s)
+        spare = gang.gpus - (gang.min_gpus or gang.gpus)
+        if 0 < remaining <= spare:  # an elastic gang can give enough without stopping
+            chosen.append(Reclaim(gang.gang_id, remaining, False, 0.0))
+            remaining = 0
+            break
+        chosen.append(Reclaim(gang.gang_id, gang.gpus, True, at_risk))
+        remaining -= gang.gpus
+    return chosen
+
+
+def decide(snapshot: Snapshot, config: PolicyConfig) -> Decision:
+    current = snapshot.inference_gpus
+    needed = gpus_for(snapshot.measured_rps, config) if snapshot.measured_rps is not None else None
+    upper = snapshot.forecast.upper
+    wanted = (
+        math.ceil(upper / config.per_gpu_rps * (1 + config.headroom)) if upper is not None else None
+    )
+    if needed is None and wanted is None:
+        return Decision(
+            Action.HOLD, current, None, None, reason="no load data and no forecast: holding"
+        )
+    floor_now = math.ceil(needed * (1 + config.headroom)) if needed is not None else 0
+    target = max(wanted or 0, floor_now)
+    target = min(max(_whole_nodes_up(target, config), config.min_inference_gpus), config.ceiling)
+    emergency = needed is not None and needed > current
+
+    if target > current:
+        missing = target - current
+        from_idle = min(missing, snapshot.idle_training_gpus)
+        reclaims = _victims(snapshot, missing - from_idle)
+        freed = from_idle + sum(r.gpus for r in reclaims)
+        after = current + min(freed, missing)
+        why = (
+            f"measured load needs {needed} GPUs but inference has {current}"
+            if emergency
+            else f"forecast peak {snapshot.forecast.peak:.0f} rps over the next "
+            f"{config.lead_s / 60:.0f} min (upper {upper:.0f}) wants {target}"
+        )
+        evicted = [r.gang_id for r in reclaims]
+        return Decision(
+            Action.GROW,
+            after,
+            needed,
+            wanted,
+            emergency=emergency,
+            reclaims=tuple(reclaims),
+            reason=f"{why}: +{after - current} GPUs ({from_idle} idle"
+            + (f", reclaiming {', '.join(evicted)} after a checkpoint" if evicted else "")
+            + ")",
+        )
+
+    if snapshot.lend_forecast is not None and snapshot.lend_forecast.upper is not None:
+        # Lend only what the longer horizon does not want back soon: reclaiming a
+        # gang an hour after lending it costs a restart.
+        keep = math.ceil(snapshot.lend_forecast.upper / config.per_gpu_rps * (1 + config.headroom))
+        target = min(max(target, _whole_nodes_up(keep, config)), config.ceiling)
+    surplus = current - target
+    if surplus <= 0:
+        return Decision(Action.HOLD, current, needed, wanted, reason=f"{current} GPUs fit the load")
+    if needed is None:
+        return Decision(
+            Action.HOLD,
+            current,
+            needed,
+            wanted,
+            reason="data gap in the measured load: not lending GPUs on a silent metric",
+        )
+    if surplus < config.margin:
+        return Decision(
+            Action.HOLD,
+            current,
+            needed,
+            wanted,
+            reason=f"surplus {surplus} GPUs is under the {config.margin}-GPU margin",
+        )
+    if (
+        snapshot.last_lend_s is not None
+        and snapshot.now_s - snapshot.last_lend_s < config.cooldown_s
+    ):
+        wait = config.cooldown_s - (snapshot.now_s - snapshot.last_lend_s)
+        return Decision(
+            Action.HOLD, current, needed, wanted, reason=f"cooling down: next lend in {wait:.0f} s"
+        )
+    lend = (surplus // config.node_gpus) * config.node_gpus  # whole nodes only
+    if lend == 0:
+        return Decision(
+            Action.HOLD, current, needed, wanted, reason="surplus is less than a whole node"
+        )
+    return Decision(
+        Action.LEND,
+        current - lend,
+        needed,
+        wanted,
+        reason=f"forecast wants {target}; lending {lend} GPUs ({lend // config.node_gpus} "
+        f"whole node(s)) to training",
+    )
