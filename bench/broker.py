@@ -1,0 +1,94 @@
+"""The tidal broker against static splits on production inference traces.
+
+    .venv/bin/python bench/broker.py [--traces DIR] [--seed 1]
+
+For each trace: 200 GPUs in 8-GPU nodes, the same synthetic training stream
+(seed) for every policy, and three policies: the users' static 120 training /
+80 inference split, a static split sized for the trace's 99th-percentile
+inference need (sized with hindsight, so it is an upper baseline), and
+tidal. Prints one JSON line per run and the ratios the targets are stated in.
+The per-GPU throughput is a modelling choice (requests/s one inference GPU
+serves within its latency SLO), chosen so that the 99th-percentile need is
+about two thirds of the cluster, as in the users' 200-GPU scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from tideflow.broker import SimulationConfig, TraceLoad, simulate, synthetic_jobs
+
+TRACES = {"servegen_m-mid.csv": 25.0, "servegen_m-large.csv": 3.0}  # file -> per-GPU rps
+KEYS = (
+    "training_goodput_gpu_hours",
+    "underprovisioned_gpu_minutes",
+    "slo_attainment",
+    "preemptions",
+    "lost_gpu_hours",
+    "lost_fraction_of_training",
+    "mean_gpu_utilization",
+    "mean_inference_gpus",
+    "forecast_mape",
+    "mean_queueing_hours",
+    "mean_jct_hours",
+    "jobs_finished",
+)
+
+
+def p99_split(load: TraceLoad, per_gpu_rps: float, node_gpus: int) -> int:
+    rates = sorted(s.rate for s in load.samples(load.start_s, load.end_s) if s.rate)
+    need = math.ceil(rates[math.ceil(0.99 * len(rates)) - 1] / per_gpu_rps)
+    return math.ceil(need / node_gpus) * node_gpus
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+    parser.add_argument("--traces", type=Path, default=default)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    for name, per_gpu in TRACES.items():
+        path = args.traces / name
+        if not path.exists():
+            print(f"skipping {name}: not found under {args.traces}", file=sys.stderr)
+            continue
+        load = TraceLoad(path)
+        jobs = synthetic_jobs(seed=args.seed, total_gpus=200, horizon_s=load.end_s - load.start_s)
+        peak = p99_split(load, per_gpu, 8)
+        results = {}
+        for policy in ("static:80", f"static:{peak}", "tidal"):
+            started = time.perf_counter()
+            config = SimulationConfig(policy=policy, total_gpus=200, per_gpu_rps=per_gpu)
+            metrics = simulate(load, jobs, config).metrics
+            results[policy] = metrics
+            line = {"trace": name, "policy": policy, "per_gpu_rps": per_gpu}
+            line |= {k: metrics[k] for k in KEYS}
+            line["seconds"] = round(time.perf_counter() - started, 1)
+            print(json.dumps(line))
+        tidal, small, big = results["tidal"], results["static:80"], results[f"static:{peak}"]
+        ratios = {
+            "trace": name,
+            "underprovisioned_reduction_vs_120_80": round(
+                1 - tidal["underprovisioned_gpu_minutes"] / small["underprovisioned_gpu_minutes"], 4
+            ),
+            "goodput_vs_120_80": round(
+                tidal["training_goodput_gpu_hours"] / small["training_goodput_gpu_hours"], 3
+            ),
+            "goodput_vs_p99_static": round(
+                tidal["training_goodput_gpu_hours"] / big["training_goodput_gpu_hours"], 3
+            ),
+            "queueing_p99_static_over_tidal": round(
+                big["mean_queueing_hours"] / tidal["mean_queueing_hours"], 2
+            ),
+        }
+        print(json.dumps(ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
