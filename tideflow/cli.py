@@ -261,7 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     pools.set_defaults(func=cmd_pools)
 
     broker = sub.add_parser(
-        "broker", help="the GPU broker between inference and training", description=""
+        "broker",
+        help="the GPU broker between inference and training",
+        description="The resource broker: shifts GPUs between inference and training by load.",
     )
     broker_sub = broker.add_subparsers(dest="broker_command", required=True, metavar="COMMAND")
     sim = broker_sub.add_parser(
