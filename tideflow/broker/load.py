@@ -32,7 +32,10 @@ class LoadSample:
 
 
 class LoadSource(Protocol):
-    window_s: float
+    @property
+    def window_s(self) -> float:
+        """Seconds per window."""
+        ...
 
     def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
         """One sample per window whose start lies in [start_s, end_s), gaps included."""

@@ -1,0 +1,133 @@
+"""The broker on the local backend: inference reservations in the lease ledger, and a
+digits gang reclaimed with checkpoint-before-evict that resumes bitwise equal.
+
+The GPUs are declared (two one-GPU nodes); on a machine without GPUs the gang's
+workers run emulated on the CPU, as the local backend does for any missing
+device class.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_runtime_distributed import (
+    assert_same,
+    final_weights,
+    job,
+    reference,
+    splits,
+    wait_for_step,
+)
+from tideflow.backends import GangState
+from tideflow.backends.local import LocalBackend
+from tideflow.broker import Action, Forecast, PolicyConfig, Snapshot, decide
+from tideflow.broker.journal import DecisionJournal
+from tideflow.broker.load import LoadSample
+from tideflow.broker.local import INFERENCE_PREFIX, LocalActuator
+from tideflow.broker.service import rebalance_once
+from tideflow.checkpoint import CheckpointManager
+from tideflow.inventory import Inventory, Node
+from tideflow.scheduling import GangRequest, Lease, LeaseLedger, Refusal
+
+__all__ = ["reference", "splits"]  # fixtures shared with the CPU gang tests
+
+CONFIG = PolicyConfig(
+    total_gpus=2, per_gpu_rps=10.0, node_gpus=1, headroom=0.0, min_inference_gpus=0, cooldown_s=0
+)
+
+
+def lab(tmp_path: Path) -> LeaseLedger:
+    nodes = (Node("n0", 8, "gpu", "T4", 1), Node("n1", 8, "gpu", "T4", 1))
+    return LeaseLedger(tmp_path / "leases.db", Inventory("lab", nodes, declared=True))
+
+
+def load_now(actuator: LocalActuator, now: float, rps: float) -> Snapshot:
+    return Snapshot(
+        now_s=now,
+        inference_gpus=actuator.inference_gpus(),
+        measured_rps=rps,
+        forecast=Forecast(rps, rps, rps, "test"),
+        idle_training_gpus=actuator.idle_training_gpus(),
+        gangs=actuator.gangs(),
+    )
+
+
+def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
+    splits: dict[str, str], reference: tuple[int, dict[str, torch.Tensor]], tmp_path: Path
+) -> None:
+    ledger = lab(tmp_path)
+    backend = LocalBackend(tmp_path / "gangs")
+    actuator = LocalActuator(ledger, backend, node_gpus=1, grace_s=120, poll_s=0.2)
+    request = GangRequest("digits-train", "vision", "gpu", None, 2, 1)
+    checkpoints = (tmp_path / "ckpt").as_uri()
+
+    assert isinstance(ledger.try_acquire(request, "operator", 600), Lease)
+    backend.submit(job("digits-train", splits, checkpoints, step_delay=0.02, device_class="gpu"))
+    wait_for_step(backend.log_path("digits-train"), 45)
+
+    # Inference load arrives: it needs one GPU, and only the gang holds GPUs.
+    peak = decide(load_now(actuator, 1000.0, 10.0), CONFIG)
+    assert peak.action is Action.GROW and [r.gang_id for r in peak.reclaims] == ["digits-train"]
+    applied = actuator.apply(peak)
+    assert applied.complete and applied.preempted == ("digits-train",) and applied.forced == ()
+    status = backend.status("digits-train")
+    assert status is not None and status.state is GangState.PREEMPTED  # exit 75, resumable
+    stopped = CheckpointManager(checkpoints).latest()
+    assert stopped is not None and stopped.step >= 45  # checkpointed on notice, nothing lost
+    assert [x.gang_id for x in ledger.leases()] == [f"{INFERENCE_PREFIX}0"]
+    assert isinstance(ledger.try_acquire(request, "operator", 600), Refusal)  # waits
+
+    # Load falls away: the node is lent back and the gang resumes where it stopped.
+    trough = decide(load_now(actuator, 2000.0, 0.0), CONFIG)
+    assert trough.action is Action.LEND
+    assert actuator.apply(trough).inference_gpus == 0
+    assert isinstance(ledger.try_acquire(request, "operator", 600), Lease)
+    backend.submit(job("digits-train", splits, checkpoints, device_class="gpu"))
+    assert backend.wait("digits-train", 300).state is GangState.SUCCEEDED
+    assert f"resumed from step {stopped.step}" in backend.log_path("digits-train").read_text()
+    step, weights = final_weights(checkpoints)
+    assert step == reference[0]
+    assert_same(weights, reference[1])
+
+
+class _Series:
+    window_s = 600.0
+
+    def __init__(self, rates: list[float]) -> None:
+        self.rates = rates
+
+    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
+        return [
+            LoadSample(i * 600.0, r)
+            for i, r in enumerate(self.rates)
+            if start_s <= i * 600.0 < end_s
+        ]
+
+
+def test_a_broker_step_records_its_decision_and_reason(tmp_path: Path) -> None:
+    ledger = lab(tmp_path)
+    actuator = LocalActuator(ledger, None, node_gpus=1, grace_s=1)
+    journal = DecisionJournal(tmp_path / "broker.db")
+    load = _Series([12.0] * 12)  # two hours at 12 rps: needs 2 GPUs at 10 rps each
+    decision, applied = rebalance_once(load, actuator, CONFIG, journal, now_s=12 * 600.0)
+    assert decision.action is Action.GROW and applied is not None and applied.complete
+    assert actuator.inference_gpus() == 2
+    (entry,) = journal.since(0)
+    assert entry.action == "grow" and entry.inference_gpus == 2 and entry.measured_rps == 12.0
+    assert entry.reason == decision.reason and "grew 2 of 2" in entry.applied
+
+
+@pytest.mark.parametrize("gap", [None, 0.0])
+def test_no_lending_on_a_silent_metric(tmp_path: Path, gap: float | None) -> None:
+    ledger = lab(tmp_path)
+    actuator = LocalActuator(ledger, None, node_gpus=1)
+    journal = DecisionJournal(tmp_path / "broker.db")
+    rebalance_once(_Series([12.0] * 12), actuator, CONFIG, journal, now_s=12 * 600.0)
+    silent = _Series([12.0] * 12 + [gap])  # type: ignore[list-item]
+    decision, _ = rebalance_once(silent, actuator, CONFIG, journal, now_s=13 * 600.0)
+    assert decision.action is Action.HOLD and actuator.inference_gpus() == 2
+    assert decision.needed_now is None  # the silent window is a gap, not zero load
+    assert decision.wanted == 2  # the forecast still covers the last real level

@@ -1,0 +1,125 @@
+"""The broker's decision journal (SQLite): every decision with its inputs and reason.
+
+It is the audit trail ("why did my gang stop at 14:02?"), the replay input for
+the pure policy, and the data of the timeline on the tideflow page.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from tideflow.broker.policy import Decision
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS decisions (
+    at_s REAL NOT NULL,
+    action TEXT NOT NULL,
+    inference_gpus INTEGER NOT NULL,
+    total_gpus INTEGER NOT NULL,
+    measured_rps REAL,
+    forecast_upper REAL,
+    needed INTEGER,
+    wanted INTEGER,
+    emergency INTEGER NOT NULL,
+    preempted TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    applied TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at_s);
+"""
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    at_s: float
+    action: str
+    inference_gpus: int
+    total_gpus: int
+    measured_rps: float | None
+    forecast_upper: float | None
+    needed: int | None
+    wanted: int | None
+    emergency: bool
+    preempted: tuple[str, ...]
+    reason: str
+    applied: str
+
+
+class DecisionJournal:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._db() as db:
+            db.executescript(_SCHEMA)
+
+    def _db(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30)
+        db.execute("PRAGMA journal_mode=WAL")
+        return db
+
+    def record(
+        self,
+        at_s: float,
+        decision: Decision,
+        *,
+        total_gpus: int,
+        measured_rps: float | None,
+        forecast_upper: float | None,
+        applied: str = "",
+    ) -> None:
+        with self._db() as db:
+            db.execute(
+                "INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    at_s,
+                    str(decision.action),
+                    decision.inference_gpus,
+                    total_gpus,
+                    measured_rps,
+                    forecast_upper,
+                    decision.needed_now,
+                    decision.wanted,
+                    int(decision.emergency),
+                    json.dumps([r.gang_id for r in decision.reclaims if r.evicted]),
+                    decision.reason,
+                    applied,
+                ),
+            )
+
+    def since(self, at_s: float) -> list[JournalEntry]:
+        if not self.path.exists():
+            return []
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT * FROM decisions WHERE at_s >= ? ORDER BY at_s", (at_s,)
+            ).fetchall()
+        return [
+            JournalEntry(
+                float(r[0]),
+                str(r[1]),
+                int(r[2]),
+                int(r[3]),
+                r[4],
+                r[5],
+                r[6],
+                r[7],
+                bool(r[8]),
+                tuple(json.loads(r[9])),
+                str(r[10]),
+                str(r[11]),
+            )
+            for r in rows
+        ]
+
+    def last(self) -> JournalEntry | None:
+        with self._db() as db:
+            row = db.execute("SELECT MAX(at_s) FROM decisions").fetchone()
+        return self.since(float(row[0]))[-1] if row and row[0] is not None else None
+
+    def last_lend_s(self) -> float | None:
+        with self._db() as db:
+            row = db.execute("SELECT MAX(at_s) FROM decisions WHERE action = 'lend'").fetchone()
+        return float(row[0]) if row and row[0] is not None else None

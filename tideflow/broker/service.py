@@ -1,0 +1,163 @@
+"""One broker step (observe -> forecast -> decide -> act -> record), and its settings.
+
+The Airflow ``RebalanceOperator``, the ``InferenceLoadSensor``'s trigger and
+``tideflow broker run`` all call these functions: the same policy, the same
+code, wherever the broker runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tideflow.broker.forecast import LoadForecaster, clean_outages
+from tideflow.broker.journal import DecisionJournal
+from tideflow.broker.load import (
+    LoadSample,
+    LoadSource,
+    LoadSourceError,
+    PrometheusLoad,
+    SyntheticLoad,
+    TraceLoad,
+)
+from tideflow.broker.local import Applied, LocalActuator
+from tideflow.broker.policy import Decision, PolicyConfig, Snapshot, decide
+
+HISTORY_S = 8 * 86400.0
+
+
+class PeriodicTrace:
+    """A trace replayed on the wall clock, repeating (t=0 of the trace is a midnight)."""
+
+    def __init__(self, trace: TraceLoad) -> None:
+        self.trace = trace
+        self.window_s = trace.window_s
+        self.period_s = trace.end_s - trace.start_s
+        self._rates = {round(s.start_s): s.rate for s in trace.samples(trace.start_s, trace.end_s)}
+
+    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
+        step = self.window_s
+        first = math.ceil(start_s / step) * step
+        count = max(0, math.ceil((end_s - first) / step))
+        grid = [first + i * step for i in range(count)]
+        return [
+            LoadSample(t, self._rates.get(round(self.trace.start_s + t % self.period_s)))
+            for t in grid
+        ]
+
+
+def load_source_from(spec: str) -> LoadSource:
+    """``trace:PATH`` (replayed on the clock), ``prometheus:URL|QUERY``, ``synthetic:RPS``."""
+    kind, _, value = spec.partition(":")
+    if kind == "trace" and value:
+        return PeriodicTrace(TraceLoad(value))
+    if kind == "prometheus" and "|" in value:
+        url, _, query = value.partition("|")
+        return PrometheusLoad(url, query)
+    if kind == "synthetic":
+        try:
+            return SyntheticLoad(mean_rps=float(value or 1000))
+        except ValueError:
+            pass
+    raise LoadSourceError(
+        f"TIDEFLOW_BROKER_LOAD={spec!r}: use trace:PATH.csv, prometheus:URL|QUERY "
+        "or synthetic:MEAN_RPS"
+    )
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    load: str
+    per_gpu_rps: float
+    node_gpus: int = 8
+    device_class: str = "gpu"
+    min_inference_gpus: int = 0
+    grace_s: float = 300.0
+
+    @classmethod
+    def from_env(cls) -> BrokerSettings | None:
+        """None when no broker is configured (TIDEFLOW_BROKER_LOAD unset)."""
+        load = os.environ.get("TIDEFLOW_BROKER_LOAD")
+        if not load:
+            return None
+        try:
+            return cls(
+                load=load,
+                per_gpu_rps=float(os.environ.get("TIDEFLOW_BROKER_PER_GPU_RPS", "0")),
+                node_gpus=int(os.environ.get("TIDEFLOW_BROKER_NODE_GPUS", "8")),
+                device_class=os.environ.get("TIDEFLOW_BROKER_DEVICE_CLASS", "gpu"),
+                min_inference_gpus=int(os.environ.get("TIDEFLOW_BROKER_MIN_INFERENCE_GPUS", "0")),
+                grace_s=float(os.environ.get("TIDEFLOW_BROKER_GRACE_S", "300")),
+            )
+        except ValueError as exc:
+            raise ValueError(f"tideflow broker settings: {exc}") from None
+
+
+def policy_config(settings: BrokerSettings, total_gpus: int) -> PolicyConfig:
+    return PolicyConfig(
+        total_gpus=total_gpus,
+        per_gpu_rps=settings.per_gpu_rps,
+        node_gpus=settings.node_gpus,
+        min_inference_gpus=settings.min_inference_gpus,
+        headroom=0.05,
+        lead_s=600.0,
+        checkpoint_grace_s=settings.grace_s,
+    )
+
+
+def observe(
+    load: LoadSource,
+    actuator: LocalActuator,
+    config: PolicyConfig,
+    journal: DecisionJournal,
+    now_s: float,
+) -> Snapshot:
+    """Everything the policy needs, read now; the load from before ``now`` only."""
+    history = clean_outages(load.samples(now_s - HISTORY_S, now_s))
+    forecaster = LoadForecaster(load.window_s, quantile=0.99)
+    last = history[-1].rate if history else None
+    return Snapshot(
+        now_s=now_s,
+        inference_gpus=actuator.inference_gpus(),
+        measured_rps=last,
+        forecast=forecaster.forecast(history, now_s, config.lead_s),
+        idle_training_gpus=actuator.idle_training_gpus(),
+        gangs=actuator.gangs(),
+        last_lend_s=journal.last_lend_s(),
+        lend_forecast=forecaster.forecast(history, now_s, config.lend_horizon_s, 0.75),
+    )
+
+
+def rebalance_once(
+    load: LoadSource,
+    actuator: LocalActuator,
+    config: PolicyConfig,
+    journal: DecisionJournal,
+    now_s: float | None = None,
+    *,
+    act: bool = True,
+) -> tuple[Decision, Applied | None]:
+    now = time.time() if now_s is None else now_s
+    snapshot = observe(load, actuator, config, journal, now)
+    decision = decide(snapshot, config)
+    applied = actuator.apply(decision) if act else None
+    journal.record(
+        now,
+        decision,
+        total_gpus=config.total_gpus,
+        measured_rps=snapshot.measured_rps,
+        forecast_upper=snapshot.forecast.upper,
+        applied=applied.note if applied else "",
+    )
+    return decision, applied
+
+
+def default_paths() -> tuple[Path, Path]:
+    """(lease ledger, decision journal) under TIDEFLOW_HOME."""
+    from tideflow.config import Settings
+
+    home = Settings.from_env().home
+    return home / "leases.db", home / "broker.db"
