@@ -131,6 +131,43 @@ def observe(
     )
 
 
+def peek(
+    load: LoadSource,
+    actuator: LocalActuator,
+    config: PolicyConfig,
+    journal: DecisionJournal,
+    now_s: float | None = None,
+) -> Decision:
+    """What the broker would decide now, without acting or recording (for sensors)."""
+    now = time.time() if now_s is None else now_s
+    return decide(observe(load, actuator, config, journal, now), config)
+
+
+def open_local(
+    settings: BrokerSettings, ledger_path: Path, journal_path: Path, cluster_file: str | None
+) -> tuple[LoadSource, LocalActuator, PolicyConfig, DecisionJournal]:
+    """The pieces of a local broker, from its settings and the shared state files."""
+    from tideflow.backends.local import LocalBackend
+    from tideflow.gangs import open_ledger
+
+    ledger = open_ledger(ledger_path, cluster_file)
+    actuator = LocalActuator(
+        ledger,
+        LocalBackend(ledger_path.parent / "gangs"),
+        node_gpus=settings.node_gpus,
+        device_class=settings.device_class,
+        grace_s=settings.grace_s,
+    )
+    total = actuator.total_gpus()
+    if total == 0:
+        raise ValueError(
+            f"tideflow broker: the inventory has no {settings.device_class} devices "
+            "(set TIDEFLOW_CLUSTER_FILE to a cluster that has them)"
+        )
+    config = policy_config(settings, total)
+    return load_source_from(settings.load), actuator, config, DecisionJournal(journal_path)
+
+
 def rebalance_once(
     load: LoadSource,
     actuator: LocalActuator,
