@@ -176,3 +176,18 @@ def test_no_broker_dag_without_configuration(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.delenv("TIDEFLOW_BROKER_LOAD", raising=False)
     assert broker_dag() is None
+
+
+def test_broker_run_once_takes_one_step_and_records_it(
+    broker_env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tideflow.broker.journal import DecisionJournal
+    from tideflow.cli import main
+
+    assert main(["broker", "run", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("grow: 16 inference GPUs of 16:")
+    (entry,) = DecisionJournal(broker_env["home"] / "broker.db").since(0)
+    assert entry.action == "grow"
+    assert main(["broker", "run", "--once", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("hold: 16 inference GPUs of 16")

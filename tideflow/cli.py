@@ -179,6 +179,39 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_broker_run(args: argparse.Namespace) -> int:
+    import time as clock
+
+    from tideflow.broker.service import BrokerSettings, default_paths, open_local, rebalance_once
+    from tideflow.config import Settings
+
+    settings = BrokerSettings.from_env()
+    if settings is None or settings.per_gpu_rps <= 0:
+        print(
+            "tideflow broker run: set TIDEFLOW_BROKER_LOAD (trace:PATH.csv, "
+            "prometheus:URL|QUERY or synthetic:MEAN_RPS) and TIDEFLOW_BROKER_PER_GPU_RPS",
+            file=sys.stderr,
+        )
+        return 2
+    ledger, journal = default_paths()
+    cluster = Settings.from_env().cluster_file
+    load, actuator, config, book = open_local(
+        settings, ledger, journal, str(cluster) if cluster else None
+    )
+    steps = 0
+    while True:
+        decision, applied = rebalance_once(load, actuator, config, book, act=not args.dry_run)
+        held = applied.inference_gpus if applied else decision.inference_gpus
+        print(
+            f"{decision.action}: {held} inference GPUs of {config.total_gpus}: {decision.reason}",
+            flush=True,
+        )
+        steps += 1
+        if args.once or (args.steps and steps >= args.steps):
+            return 0
+        clock.sleep(args.interval)
+
+
 class _BoundedLoad:
     """A synthetic load with a finite horizon, as the simulator wants."""
 
@@ -294,6 +327,21 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print the result as JSON")
     sim.add_argument("--timeline", action="store_true", help="with --json: every window too")
     sim.set_defaults(func=cmd_broker_simulate)
+
+    run_broker = broker_sub.add_parser(
+        "run",
+        help="run the broker as a service on the local backend",
+        description="Observe, decide, act and record every --interval seconds against the "
+        "lease ledger under TIDEFLOW_HOME (settings from TIDEFLOW_BROKER_*). The same "
+        "policy and code as the tideflow_broker DAG.",
+    )
+    run_broker.add_argument("--interval", type=float, default=60.0, help="seconds between steps")
+    run_broker.add_argument("--once", action="store_true", help="take one step and exit")
+    run_broker.add_argument("--steps", type=int, default=0, help="stop after this many steps")
+    run_broker.add_argument(
+        "--dry-run", action="store_true", help="decide and record, but move nothing"
+    )
+    run_broker.set_defaults(func=cmd_broker_run)
     return parser
 
 
