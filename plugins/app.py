@@ -22,7 +22,9 @@ from tideflow.ui import (
     DagRunRow,
     Overview,
     PipelineRow,
+    broker_timeline,
     champions,
+    current_leases,
     device_usage,
     pipeline_mlflow_runs,
     render_page,
@@ -81,6 +83,14 @@ def _airflow_pipelines(user: Any) -> list[tuple[Any, list[Any]]]:
     return found
 
 
+def _window(points: list[Any], now: float) -> tuple[float, float]:
+    """The last 24 hours, or less when the broker started later (at least 10 minutes)."""
+    start = now - 86400
+    if points:
+        start = max(start, points[0].at_s - 60)
+    return min(start, now - 600), now
+
+
 def build_overview(user: Any) -> Overview:
     from tideflow.config import Settings
     from tideflow.tracking import mlflow_ui_base, tracking_enabled
@@ -122,8 +132,20 @@ def build_overview(user: Any) -> Overview:
     except Exception as exc:
         problems.append(f"the lease ledger could not be read: {exc}")
         usage = []
+    now = time.time()
+    cluster = str(settings.cluster_file) if settings.cluster_file else None
+    journal = settings.home / "broker.db"
+    try:
+        broker = broker_timeline(journal, now - 86400)
+        leases = current_leases(settings.home / "leases.db", cluster, now)
+    except Exception as exc:
+        problems.append(f"the broker's state could not be read: {exc}")
+        broker, leases = [], []
     return Overview(
         generated_at=_when(dt.datetime.now(dt.UTC)) or "",
+        broker=tuple(broker),
+        broker_window=_window(broker, now) if journal.exists() else None,
+        leases=tuple(leases),
         pipelines=tuple(pipelines),
         champions=tuple(model_rows),
         usage=tuple(usage),

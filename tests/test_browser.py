@@ -187,6 +187,34 @@ def _show_mlflow_metrics(browser: Any) -> None:
         pass
 
 
+def _run_broker(home: Path, shots: Path) -> None:
+    import subprocess
+    import sys
+
+    cluster = shots / "broker-cluster.yaml"
+    cluster.write_text(
+        "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: lab}\nnodes:\n"
+        "  - {name: h100, count: 2, cpu: 64, accelerators: {class: gpu, model: H100, count: 8}}\n"
+    )
+    env = {
+        **os.environ,
+        "TIDEFLOW_HOME": str(home),
+        "TIDEFLOW_CLUSTER_FILE": str(cluster),
+        "TIDEFLOW_BROKER_LOAD": "synthetic:60",
+        "TIDEFLOW_BROKER_PER_GPU_RPS": "10",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tideflow.cli", "broker", "run", "--steps", "3", "--interval", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("grow: "), done.stdout
+
+
 def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     stack: Any, browser: Any, shots: Path
 ) -> None:
@@ -222,7 +250,11 @@ def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     _show_mlflow_metrics(browser)
     browser.save_screenshot(str(shots / "05-mlflow-run.png"))
 
-    # 4. The tideflow page inside Airflow's navigation (an iframe of /tideflow/).
+    # 4. The broker takes a few real steps against a declared 2x8-GPU cluster, so the
+    #    page has a timeline and leases to draw.
+    _run_broker(Path(stack.home), shots)
+
+    # 5. The tideflow page inside Airflow's navigation (an iframe of /tideflow/).
     browser.get(f"{base}/plugin/tideflow")
     frame = _wait(browser, lambda d: d.find_element(By.TAG_NAME, "iframe"))
     browser.switch_to.frame(frame)
@@ -232,8 +264,11 @@ def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     browser.switch_to.default_content()
     browser.save_screenshot(str(shots / "06-tideflow-in-airflow.png"))
 
-    # 5. And on its own, with the session cookie of the login above.
+    # 6. And on its own, with the session cookie of the login above.
     browser.get(f"{base}/tideflow/")
     _wait(browser, lambda d: d.find_element(By.ID, "champions"))
     assert "digits-classifier" in browser.find_element(By.ID, "champions").text
+    broker = browser.find_element(By.ID, "broker")
+    assert broker.find_elements(By.TAG_NAME, "svg") and "grow" in broker.text
+    assert "broker/inference/0" in browser.find_element(By.ID, "leases").text
     browser.save_screenshot(str(shots / "07-tideflow-page.png"))

@@ -79,3 +79,21 @@ def test_page_says_what_is_missing_instead_of_failing() -> None:
     assert "No model has a champion yet." in html
     assert "No devices were leased in the last 7 days." in html
     assert "MLflow could not be read: connection refused" in html
+
+
+def test_broker_timeline_draws_allocation_need_gaps_and_preemptions() -> None:
+    from tideflow.ui import BrokerPoint, render_timeline
+
+    points = [
+        BrokerPoint(0.0, 200, 120, 90, 110, 0, "hold", "fits"),
+        BrokerPoint(600.0, 200, 136, None, 130, 0, "grow", "gap"),  # data gap in the need
+        BrokerPoint(1200.0, 200, 152, 140, 150, 2, "grow", "emergency <now>"),
+    ]
+    svg = render_timeline(points, 0.0, 1800.0)
+    assert svg.count('class="preempt"') == 1 and "emergency &lt;now&gt;" in svg
+    needed = svg.split('class="needed"')[0].rsplit('<path d="', 1)[1]
+    assert needed.count("M") == 2  # the gap breaks the "needed" line in two
+    assert render_timeline([], 0.0, 1.0).startswith('<p class="muted">')
+    page = render_page(overview(broker=tuple(points), broker_window=(0.0, 1800.0)))
+    assert '<section id="broker">' in page and "<svg" in page and "emergency" in page
+    assert "No broker is configured" in render_page(overview())

@@ -171,6 +171,8 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
     except (LoadSourceError, ValueError, OSError) as exc:
         print(f"tideflow broker simulate: {exc}", file=sys.stderr)
         return 2
+    if args.html:
+        _write_timeline(result, config, Path(args.html), args.html_day)
     if args.json:
         print(json.dumps(result.to_json(timeline=args.timeline), indent=2))
     else:
@@ -210,6 +212,39 @@ def cmd_broker_run(args: argparse.Namespace) -> int:
         if args.once or (args.steps and steps >= args.steps):
             return 0
         clock.sleep(args.interval)
+
+
+def _write_timeline(result: Any, config: Any, path: Path, day: int) -> None:
+    """One simulated day drawn with the tideflow page's timeline, as a standalone page."""
+    import math
+    from html import escape
+
+    from tideflow.ui import BrokerPoint, render_timeline
+
+    start = day * 86400.0
+    points = [
+        BrokerPoint(
+            w.start_s,
+            config.total_gpus,
+            w.inference_gpus,
+            w.needed,
+            math.ceil(w.forecast_upper / config.per_gpu_rps * (1 + config.headroom))
+            if w.forecast_upper
+            else None,
+            w.preempted,
+            w.action,
+            w.reason,
+        )
+        for w in result.windows
+        if start <= w.start_s < start + 86400
+    ]
+    title = f"Simulated day {day} - policy {config.policy}, {config.per_gpu_rps:g} rps per GPU"
+    path.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:16px;color:#1f2933}"
+        ".legend{font-size:12px;color:#52606d}</style></head><body>"
+        f"<h3>{escape(title)}</h3>{render_timeline(points, start, start + 86400)}</body></html>"
+    )
 
 
 class _BoundedLoad:
@@ -326,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--synthetic-mean-rps", type=float, default=2000.0)
     sim.add_argument("--json", action="store_true", help="print the result as JSON")
     sim.add_argument("--timeline", action="store_true", help="with --json: every window too")
+    sim.add_argument("--html", help="also draw one simulated day's timeline into this file")
+    sim.add_argument("--html-day", type=int, default=7, help="which day to draw (default 7)")
     sim.set_defaults(func=cmd_broker_simulate)
 
     run_broker = broker_sub.add_parser(

@@ -4,18 +4,30 @@ Nothing here imports Airflow: the plugin gathers Airflow's part (DAGs and runs
 the user may read) and hands it over as plain data.
 """
 
-from tideflow.ui.model import ChampionRow, DagRunRow, Overview, PipelineRow, UsageRow
+from tideflow.ui.model import ChampionRow, DagRunRow, LeaseRow, Overview, PipelineRow, UsageRow
 from tideflow.ui.page import render_page
-from tideflow.ui.sources import champions, device_usage, pipeline_mlflow_runs
+from tideflow.ui.sources import (
+    broker_timeline,
+    champions,
+    current_leases,
+    device_usage,
+    pipeline_mlflow_runs,
+)
+from tideflow.ui.timeline import BrokerPoint, render_timeline
 
 __all__ = [
+    "BrokerPoint",
     "ChampionRow",
     "DagRunRow",
+    "LeaseRow",
     "Overview",
     "PipelineRow",
     "UsageRow",
+    "broker_timeline",
     "champions",
+    "current_leases",
     "device_usage",
     "pipeline_mlflow_runs",
     "render_page",
+    "render_timeline",
 ]

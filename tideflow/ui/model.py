@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tideflow.ui.timeline import BrokerPoint
+
 
 @dataclass(frozen=True)
 class DagRunRow:
@@ -46,6 +48,17 @@ class UsageRow:
 
 
 @dataclass(frozen=True)
+class LeaseRow:
+    gang_id: str
+    team: str
+    purpose: str  # inference (broker reservation), training, spare (evaluation)
+    device_class: str
+    devices: int
+    priority: int
+    held_s: float
+
+
+@dataclass(frozen=True)
 class Overview:
     generated_at: str
     pipelines: tuple[PipelineRow, ...]
@@ -54,6 +67,9 @@ class Overview:
     usage_window_days: int
     mlflow_url: str | None
     problems: tuple[str, ...] = field(default=())
+    broker: tuple[BrokerPoint, ...] = field(default=())
+    broker_window: tuple[float, float] | None = None
+    leases: tuple[LeaseRow, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

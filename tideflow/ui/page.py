@@ -6,7 +6,8 @@ from collections import defaultdict
 from html import escape
 from urllib.parse import quote
 
-from tideflow.ui.model import ChampionRow, Overview, PipelineRow, UsageRow
+from tideflow.ui.model import ChampionRow, LeaseRow, Overview, PipelineRow, UsageRow
+from tideflow.ui.timeline import render_timeline
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0;
@@ -27,6 +28,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .running, .queued { background: #e0e8f9; color: #19216c; }
 .other { background: #e4e7eb; color: #323f4b; }
 .muted { color: #7b8794; } .problem { color: #8a041a; }
+.legend { font-size: 12px; color: #52606d; margin: 4px 0 8px; }
 a { color: #0b69a3; text-decoration: none; } a:hover { text-decoration: underline; }
 code { font-size: 12px; }
 """
@@ -118,6 +120,52 @@ def _usage(rows: tuple[UsageRow, ...], days: int) -> str:
     return f"<table><tr><th>team</th>{head}</tr>{body}</table>"
 
 
+def _broker(overview: Overview) -> str:
+    if overview.broker_window is None:
+        return '<p class="muted">No broker is configured (TIDEFLOW_BROKER_LOAD).</p>'
+    start, end = overview.broker_window
+    recent = "".join(
+        f"<tr><td>{escape(_clock(p.at_s))}</td><td>{escape(p.action)}</td>"
+        f"<td class='num'>{p.inference_gpus}/{p.total_gpus}</td><td>{escape(p.reason)}</td></tr>"
+        for p in reversed(overview.broker[-5:])
+    )
+    table = (
+        "<table><tr><th>at (UTC)</th><th>action</th><th>inference GPUs</th><th>why</th></tr>"
+        + recent
+        + "</table>"
+        if recent
+        else ""
+    )
+    return render_timeline(overview.broker, start, end) + table
+
+
+def _since(overview: Overview) -> str:
+    if overview.broker_window is None:
+        return ""
+    return f", since {_clock(overview.broker_window[0])} UTC"
+
+
+def _clock(at_s: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(at_s, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _leases(rows: tuple[LeaseRow, ...]) -> str:
+    if not rows:
+        return '<p class="muted">No devices are leased right now.</p>'
+    body = "".join(
+        f"<tr><td>{escape(r.gang_id)}</td><td>{escape(r.purpose)}</td><td>{escape(r.team)}</td>"
+        f"<td class='num'>{r.devices} {escape(r.device_class.upper())}</td>"
+        f"<td class='num'>{r.priority}</td><td class='num'>{r.held_s / 60:.0f} min</td></tr>"
+        for r in rows
+    )
+    return (
+        "<table><tr><th>gang</th><th>purpose</th><th>team</th><th>devices</th>"
+        "<th>priority</th><th>held for</th></tr>" + body + "</table>"
+    )
+
+
 def render_page(overview: Overview) -> str:
     problems = "".join(f'<p class="problem">{escape(p)}</p>' for p in overview.problems)
     mlflow = _link(overview.mlflow_url, "MLflow") if overview.mlflow_url else "MLflow"
@@ -134,5 +182,7 @@ generated {escape(overview.generated_at)} UTC</p></header>
 <section id="champions"><h2>Champions</h2>{_champions(overview.champions)}</section>
 <section id="usage"><h2>Device-hours per team, last {overview.usage_window_days} days</h2>
 {_usage(overview.usage, overview.usage_window_days)}</section>
+<section id="broker"><h2>GPU broker{_since(overview)}</h2>{_broker(overview)}</section>
+<section id="leases"><h2>Leases now</h2>{_leases(overview.leases)}</section>
 </main></body></html>
 """

@@ -13,7 +13,8 @@ from typing import Any
 from tideflow.promotion.registry import METRIC_TAG, PREVIOUS_ALIAS
 from tideflow.tracking.links import model_version_url, run_url
 from tideflow.tracking.runs import TAG_DAG_ID, TAG_KIND, TAG_RUN_ID
-from tideflow.ui.model import ChampionRow, UsageRow
+from tideflow.ui.model import ChampionRow, LeaseRow, UsageRow
+from tideflow.ui.timeline import BrokerPoint
 
 RunKey = tuple[str, str]  # (dag_id, dag_run_id)
 
@@ -89,3 +90,53 @@ def device_usage(ledger_path: Path, since: float, cluster_file: str | None) -> l
 
     ledger = open_ledger(ledger_path, cluster_file)
     return [UsageRow(u.team, u.device_class, u.hours) for u in ledger.device_hours(since)]
+
+
+def broker_timeline(journal_path: Path, since: float) -> list[BrokerPoint]:
+    """The broker's decisions since ``since`` (epoch seconds), oldest first."""
+    if not journal_path.exists():
+        return []
+    from tideflow.broker.journal import DecisionJournal
+
+    return [
+        BrokerPoint(
+            e.at_s,
+            e.total_gpus,
+            e.inference_gpus,
+            e.needed,
+            e.wanted,
+            len(e.preempted),
+            e.action,
+            e.reason,
+        )
+        for e in DecisionJournal(journal_path).since(since)
+    ]
+
+
+def current_leases(ledger_path: Path, cluster_file: str | None, now: float) -> list[LeaseRow]:
+    if not ledger_path.exists():
+        return []
+    from tideflow.broker.local import INFERENCE_PREFIX
+    from tideflow.gangs import open_ledger
+
+    rows = []
+    for lease in open_ledger(ledger_path, cluster_file).leases():
+        purpose = (
+            "inference"
+            if lease.gang_id.startswith(INFERENCE_PREFIX)
+            else "spare"
+            if lease.priority < 0
+            else "training"
+        )
+        rows.append(
+            LeaseRow(
+                lease.gang_id,
+                lease.team,
+                purpose,
+                lease.device_class,
+                sum(len(p.devices) for p in lease.placements),
+                lease.priority,
+                max(0.0, now - lease.acquired_at),
+            )
+        )
+    return rows
