@@ -1,0 +1,222 @@
+"""The Kubernetes actuator against an HTTP-level fake of the Kubernetes API.
+
+No API server can run here, so a small HTTP server on 127.0.0.1 plays one: it
+keeps nodes, a Deployment's scale, an HPA, a Volcano Queue, a Kueue
+ClusterQueue and gang pods in memory, answers the official ``kubernetes``
+client's requests, and records them. It checks the requests (paths, verbs,
+content types, bodies), not Kubernetes' behaviour; a PodDisruptionBudget is
+played by answering 429 to the first evictions.
+"""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import json
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tideflow.broker import Action, Decision, Reclaim
+from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
+
+
+class FakeCluster:
+    def __init__(self) -> None:
+        self.nodes = {
+            f"gpu-{i}": {
+                "metadata": {"name": f"gpu-{i}", "labels": {"nvidia.com/gpu.present": "true"}},
+                "spec": {"taints": [{"key": "other", "value": "x", "effect": "NoExecute"}]},
+                "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+            }
+            for i in range(4)
+        }
+        self.nodes["gpu-0"]["metadata"]["labels"]["tideflow.io/pool"] = "inference"
+        self.replicas: int | None = None
+        self.hpa: dict[str, Any] = {}
+        self.volcano: dict[str, Any] = {}
+        self.kueue = {
+            "metadata": {"name": "training"},
+            "spec": {
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "nvidia.com/gpu"],
+                        "flavors": [
+                            {
+                                "name": "h100",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "512"},
+                                    {"name": "nvidia.com/gpu", "nominalQuota": "16"},
+                                ],
+                            }
+                        ],
+                    }
+                ]
+            },
+        }
+        self.pods = {"job-a-worker-0": "job-a", "job-a-worker-1": "job-a", "job-b-0": "job-b"}
+        self.pdb_refusals = 1  # the first eviction is refused, as a PDB would
+        self.requests: list[tuple[str, str, str, Any]] = []
+
+
+def handler_for(cluster: FakeCluster) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _send(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("Content-Length", "0"))
+            return json.loads(self.rfile.read(length)) if length else None
+
+        def _record(self, body: Any) -> str:
+            path = self.path.split("?", 1)[0]
+            cluster.requests.append(
+                (self.command, path, self.headers.get("Content-Type", ""), body)
+            )
+            return path
+
+        def do_GET(self) -> None:
+            path = self._record(None)
+            if path == "/api/v1/nodes":
+                assert "labelSelector=nvidia.com%2Fgpu.present%3Dtrue" in self.path
+                return self._send(200, {"kind": "NodeList", "items": list(cluster.nodes.values())})
+            if path == "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/training":
+                return self._send(200, copy.deepcopy(cluster.kueue))
+            if match := re.fullmatch(r"/api/v1/namespaces/ml/pods", path):
+                gang = self.path.split("tideflow.io%2Fgang%3D", 1)[1]
+                items = [
+                    {"metadata": {"name": name, "namespace": "ml"}}
+                    for name, owner in cluster.pods.items()
+                    if owner == gang
+                ]
+                return self._send(200, {"kind": "PodList", "items": items}) if match else None
+            return self._send(404, {"kind": "Status", "code": 404})
+
+        def do_PATCH(self) -> None:
+            body = self._body()
+            path = self._record(body)
+            if match := re.fullmatch(r"/api/v1/nodes/([\w-]+)", path):
+                node = cluster.nodes[match.group(1)]
+                node["metadata"]["labels"].update(body["metadata"]["labels"])
+                node["spec"]["taints"] = body["spec"]["taints"]
+                return self._send(200, node)
+            if path == "/apis/apps/v1/namespaces/ml/deployments/inference/scale":
+                cluster.replicas = body["spec"]["replicas"]
+                return self._send(200, {"kind": "Scale", "spec": body["spec"]})
+            if path == "/apis/autoscaling/v2/namespaces/ml/horizontalpodautoscalers/inference":
+                cluster.hpa = body["spec"]
+                spec = {
+                    "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x"},
+                    **body["spec"],
+                }
+                return self._send(200, {"kind": "HorizontalPodAutoscaler", "spec": spec})
+            if path == "/apis/scheduling.volcano.sh/v1beta1/queues/training":
+                cluster.volcano = body["spec"]
+                return self._send(200, {"spec": body["spec"]})
+            if path == "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/training":
+                cluster.kueue["spec"].update(body["spec"])
+                return self._send(200, cluster.kueue)
+            return self._send(404, {"kind": "Status", "code": 404})
+
+        def do_POST(self) -> None:
+            body = self._body()
+            path = self._record(body)
+            if match := re.fullmatch(r"/api/v1/namespaces/ml/pods/([\w-]+)/eviction", path):
+                if cluster.pdb_refusals > 0:
+                    cluster.pdb_refusals -= 1
+                    return self._send(429, {"kind": "Status", "code": 429, "reason": "TooMany"})
+                cluster.pods.pop(match.group(1))
+                return self._send(201, {"kind": "Status", "status": "Success"})
+            return self._send(404, {"kind": "Status", "code": 404})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[FakeCluster, Any]]:
+    from kubernetes import client
+
+    fake = FakeCluster()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_for(fake))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = client.Configuration()
+    config.host = f"http://127.0.0.1:{server.server_port}"
+    try:
+        yield fake, client.ApiClient(config)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def grow_to(gpus: int, *victims: str) -> Decision:
+    reclaims = tuple(Reclaim(v, 8, True, 0.0) for v in victims)
+    return Decision(Action.GROW, gpus, gpus, gpus, reclaims=reclaims, reason="test")
+
+
+def test_growing_evicts_through_the_eviction_api_then_moves_whole_nodes(
+    cluster: tuple[FakeCluster, Any],
+) -> None:
+    fake, api = cluster
+    target = ClusterTarget(namespace="ml", queue_kind="volcano")
+    actuator = KubernetesActuator(api, target, grace_s=30, retry_s=0.01)
+    applied = actuator.apply(grow_to(16, "job-a"))
+    assert applied.inference_gpus == 16 and applied.inference_nodes == ("gpu-0", "gpu-1")
+    assert sorted(applied.evicted_pods) == ["job-a-worker-0", "job-a-worker-1"]
+    assert fake.pods == {"job-b-0": "job-b"}  # the other gang is untouched
+    evictions = [r for r in fake.requests if r[0] == "POST"]
+    assert len(evictions) == 3  # one 429 from the PDB, retried, then both pods
+    assert evictions[-1][3]["metadata"] == {"name": "job-a-worker-1", "namespace": "ml"}
+    node = fake.nodes["gpu-1"]
+    assert node["metadata"]["labels"]["tideflow.io/pool"] == "inference"
+    assert {"key": "other", "value": "x", "effect": "NoExecute"} in node["spec"]["taints"]
+    assert {"key": "tideflow.io/pool", "value": "training", "effect": "NoSchedule"} in node["spec"][
+        "taints"
+    ]
+    assert fake.replicas == 16  # one GPU per replica
+    assert fake.volcano == {"capability": {"nvidia.com/gpu": "16"}}
+    patches = [r for r in fake.requests if r[0] == "PATCH"]
+    assert {content for _, _, content, _ in patches} == {"application/merge-patch+json"}
+    # Eviction comes before the node is handed to inference.
+    order = [(r[0], r[1]) for r in fake.requests]
+    last_eviction = max(i for i, r in enumerate(order) if r[0] == "POST")
+    first_node_patch = min(i for i, r in enumerate(order) if r[1].startswith("/api/v1/nodes/"))
+    assert last_eviction < first_node_patch
+
+
+def test_lending_returns_nodes_and_moves_kueue_quota_and_hpa_bounds(
+    cluster: tuple[FakeCluster, Any],
+) -> None:
+    fake, api = cluster
+    for name in ("gpu-1", "gpu-2"):
+        fake.nodes[name]["metadata"]["labels"]["tideflow.io/pool"] = "inference"
+    target = ClusterTarget(namespace="ml", hpa="inference", queue_kind="kueue", gpus_per_replica=2)
+    applied = KubernetesActuator(api, target).apply(Decision(Action.LEND, 8, 5, 8, reason="trough"))
+    assert applied.inference_nodes == ("gpu-0",)
+    assert fake.nodes["gpu-2"]["metadata"]["labels"]["tideflow.io/pool"] == "training"
+    assert fake.hpa == {"minReplicas": 4, "maxReplicas": 4}
+    quotas = fake.kueue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+    assert quotas == [
+        {"name": "cpu", "nominalQuota": "512"},
+        {"name": "nvidia.com/gpu", "nominalQuota": "24"},  # was 16: 3 nodes lent to training
+    ]
+    assert any(r[0] == "PATCH" and r[1].endswith("/clusterqueues/training") for r in fake.requests)
+
+
+def test_kueue_queue_without_a_gpu_quota_is_a_clear_error(
+    cluster: tuple[FakeCluster, Any],
+) -> None:
+    _, api = cluster
+    target = ClusterTarget(namespace="ml", queue_kind="kueue", kueue_flavor="a100")
+    with pytest.raises(ValueError, match=r"no nvidia\.com/gpu quota in flavor a100"):
+        KubernetesActuator(api, target).apply(grow_to(8))

@@ -1,0 +1,231 @@
+"""The Kubernetes actuator: the broker's decision applied to a cluster's objects.
+
+* Nodes move between the ``inference`` and ``training`` pools as a whole: a
+  label (``tideflow.io/pool``) and a ``NoSchedule`` taint for the other pool's
+  pods. Nodes are chosen so that the training pool keeps whole nodes.
+* The inference Deployment is scaled to what its pool holds (or, when an HPA
+  manages it, the HPA's bounds are moved instead of the replica count).
+* The training quota follows: a Volcano Queue's ``capability`` or a Kueue
+  ClusterQueue flavor's ``nominalQuota`` for the GPU resource.
+* Reclaimed gangs are evicted through the Eviction API, so PodDisruptionBudgets
+  hold; each pod gets its termination grace, in which tideflow's runtime writes a
+  checkpoint and exits resumable. A PDB refusal (HTTP 429) is retried until the
+  broker's grace ends.
+
+It speaks to the API server through the official ``kubernetes`` client; the
+Role it needs is in ``deploy/kubernetes/broker-rbac.yaml``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tideflow.broker.policy import Decision
+
+POOL_LABEL = "tideflow.io/pool"
+GANG_LABEL = "tideflow.io/gang"
+TAINT_KEY = "tideflow.io/pool"
+# The client would send a dict body as a JSON *Patch* (its first content type),
+# which the API server rejects; every patch here is a JSON merge patch.
+MERGE = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    namespace: str = "tideflow"
+    inference_deployment: str = "inference"
+    gpus_per_replica: int = 1
+    hpa: str | None = None  # when set, its min/max replicas are moved, not the Deployment
+    gpu_resource: str = "nvidia.com/gpu"
+    node_selector: str = "nvidia.com/gpu.present=true"  # the GPU nodes the broker manages
+    queue_kind: str = "volcano"  # or "kueue"
+    training_queue: str = "training"  # Volcano Queue or Kueue ClusterQueue name
+    kueue_flavor: str | None = None  # the ResourceFlavor whose quota moves (Kueue)
+    kueue_version: str = "v1beta2"
+
+
+@dataclass(frozen=True)
+class KubernetesApplied:
+    inference_gpus: int
+    inference_nodes: tuple[str, ...]
+    evicted_pods: tuple[str, ...]
+    refused_by_pdb: tuple[str, ...]
+    note: str
+
+
+class KubernetesActuator:
+    def __init__(
+        self,
+        api_client: Any,
+        target: ClusterTarget,
+        *,
+        grace_s: float = 300.0,
+        retry_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.autoscaling = client.AutoscalingV2Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.target = target
+        self.grace_s = grace_s
+        self.retry_s = retry_s
+        self.clock = clock
+        self.sleep = sleep
+
+    # -- reading ------------------------------------------------------------------------
+    def gpu_nodes(self) -> list[Any]:
+        nodes = self.core.list_node(label_selector=self.target.node_selector).items
+        return sorted(nodes, key=lambda n: n.metadata.name)
+
+    def _gpus(self, node: Any) -> int:
+        return int(str((node.status.allocatable or {}).get(self.target.gpu_resource, "0")))
+
+    def _pool(self, node: Any) -> str:
+        return str((node.metadata.labels or {}).get(POOL_LABEL, "training"))
+
+    # -- acting -------------------------------------------------------------------------
+    def _set_pool(self, node: Any, pool: str) -> None:
+        other = "training" if pool == "inference" else "inference"
+        taints = [t for t in (node.spec.taints or []) if getattr(t, "key", None) != TAINT_KEY]
+        body = {
+            "metadata": {"labels": {POOL_LABEL: pool}},
+            "spec": {
+                "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]
+                # pods of the other pool stay off this node
+                + [{"key": TAINT_KEY, "value": other, "effect": "NoSchedule"}]
+            },
+        }
+        self.core.patch_node(node.metadata.name, body, _content_type=MERGE)
+
+    def _scale_inference(self, gpus: int) -> None:
+        replicas = gpus // self.target.gpus_per_replica
+        if self.target.hpa:
+            self.autoscaling.patch_namespaced_horizontal_pod_autoscaler(
+                self.target.hpa,
+                self.target.namespace,
+                {"spec": {"minReplicas": max(1, replicas), "maxReplicas": max(1, replicas)}},
+                _content_type=MERGE,
+            )
+        else:
+            self.apps.patch_namespaced_deployment_scale(
+                self.target.inference_deployment,
+                self.target.namespace,
+                {"spec": {"replicas": replicas}},
+                _content_type=MERGE,
+            )
+
+    def _set_training_quota(self, gpus: int) -> None:
+        if self.target.queue_kind == "volcano":
+            self.custom.patch_cluster_custom_object(
+                "scheduling.volcano.sh",
+                "v1beta1",
+                "queues",
+                self.target.training_queue,
+                {"spec": {"capability": {self.target.gpu_resource: str(gpus)}}},
+                _content_type=MERGE,
+            )
+            return
+        queue = self.custom.get_cluster_custom_object(
+            "kueue.x-k8s.io", self.target.kueue_version, "clusterqueues", self.target.training_queue
+        )
+        groups = queue["spec"]["resourceGroups"]
+        changed = False
+        for group in groups:
+            for flavor in group.get("flavors", []):
+                if self.target.kueue_flavor not in (None, flavor["name"]):
+                    continue
+                for resource in flavor.get("resources", []):
+                    if resource["name"] == self.target.gpu_resource:
+                        resource["nominalQuota"] = str(gpus)
+                        changed = True
+        if not changed:
+            raise ValueError(
+                f"ClusterQueue {self.target.training_queue} has no {self.target.gpu_resource} "
+                f"quota in flavor {self.target.kueue_flavor or '(any)'}"
+            )
+        # resourceGroups is a list: a merge patch replaces it whole, so send it whole.
+        self.custom.patch_cluster_custom_object(
+            "kueue.x-k8s.io",
+            self.target.kueue_version,
+            "clusterqueues",
+            self.target.training_queue,
+            {"spec": {"resourceGroups": groups}},
+            _content_type=MERGE,
+        )
+
+    def _evict_gang(self, gang_id: str, deadline: float) -> tuple[list[str], list[str]]:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        pods = self.core.list_namespaced_pod(
+            self.target.namespace, label_selector=f"{GANG_LABEL}={gang_id}"
+        ).items
+        evicted, refused = [], []
+        for pod in pods:
+            name = pod.metadata.name
+            body = client.V1Eviction(
+                metadata=client.V1ObjectMeta(name=name, namespace=self.target.namespace)
+            )
+            while True:
+                try:
+                    self.core.create_namespaced_pod_eviction(name, self.target.namespace, body)
+                    evicted.append(name)
+                    break
+                except ApiException as exc:
+                    if exc.status == 404:  # already gone
+                        break
+                    if exc.status != 429 or self.clock() >= deadline:
+                        if exc.status == 429:
+                            refused.append(name)  # the PDB still says no: leave it running
+                            break
+                        raise
+                    self.sleep(self.retry_s)  # a PDB refuses for now: try again
+        return evicted, refused
+
+    def apply(self, decision: Decision) -> KubernetesApplied:
+        started = self.clock()
+        nodes = self.gpu_nodes()
+        total = sum(self._gpus(n) for n in nodes)
+        inference = [n for n in nodes if self._pool(n) == "inference"]
+        training = [n for n in nodes if self._pool(n) != "inference"]
+        have = sum(self._gpus(n) for n in inference)
+        evicted: list[str] = []
+        refused: list[str] = []
+        if decision.inference_gpus > have:
+            deadline = started + self.grace_s
+            for reclaim in decision.reclaims:
+                if reclaim.evicted:
+                    done, no = self._evict_gang(reclaim.gang_id, deadline)
+                    evicted += done
+                    refused += no
+            # Take whole nodes, the least loaded first (by name for a stable order).
+            for node in training:
+                if have >= decision.inference_gpus:
+                    break
+                self._set_pool(node, "inference")
+                inference.append(node)
+                have += self._gpus(node)
+        elif decision.inference_gpus < have:
+            for node in sorted(inference, key=lambda n: n.metadata.name, reverse=True):
+                if have - self._gpus(node) < decision.inference_gpus:
+                    continue
+                self._set_pool(node, "training")
+                inference.remove(node)
+                have -= self._gpus(node)
+        self._scale_inference(have)
+        self._set_training_quota(total - have)
+        return KubernetesApplied(
+            have,
+            tuple(n.metadata.name for n in inference),
+            tuple(evicted),
+            tuple(refused),
+            f"inference {have}/{total} GPUs on {len(inference)} node(s)"
+            + (f"; PDB kept {', '.join(refused)}" if refused else ""),
+        )
