@@ -58,8 +58,30 @@ class FakeCluster:
             },
         }
         self.pods = {"job-a-worker-0": "job-a", "job-a-worker-1": "job-a", "job-b-0": "job-b"}
+        self.placement = {"job-a-worker-0": "gpu-1", "job-a-worker-1": "gpu-2", "job-b-0": "gpu-3"}
         self.pdb_refusals = 1  # the first eviction is refused, as a PDB would
         self.requests: list[tuple[str, str, str, Any]] = []
+
+    def pod(self, name: str) -> dict[str, Any]:
+        gang = self.pods[name]
+        annotations = {"tideflow.io/last-checkpoint": "1000.5"} if gang == "job-a" else {}
+        gpus = "8" if gang == "job-a" else "4"
+        return {
+            "metadata": {
+                "name": name,
+                "namespace": "ml",
+                "labels": {"tideflow.io/gang": gang},
+                "annotations": annotations,
+            },
+            "spec": {
+                "nodeName": self.placement[name],
+                "priority": 0 if gang == "job-a" else 5,
+                "containers": [
+                    {"name": "worker", "resources": {"requests": {"nvidia.com/gpu": gpus}}}
+                ],
+            },
+            "status": {"phase": "Running", "startTime": "2026-11-23T06:00:00Z"},
+        }
 
 
 def handler_for(cluster: FakeCluster) -> type[http.server.BaseHTTPRequestHandler]:
@@ -90,14 +112,16 @@ def handler_for(cluster: FakeCluster) -> type[http.server.BaseHTTPRequestHandler
                 return self._send(200, {"kind": "NodeList", "items": list(cluster.nodes.values())})
             if path == "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/training":
                 return self._send(200, copy.deepcopy(cluster.kueue))
-            if match := re.fullmatch(r"/api/v1/namespaces/ml/pods", path):
-                gang = self.path.split("tideflow.io%2Fgang%3D", 1)[1]
+            if path == "/api/v1/namespaces/ml/pods":
+                gang = (
+                    self.path.split("tideflow.io%2Fgang%3D", 1)[1] if "%3D" in self.path else None
+                )
                 items = [
-                    {"metadata": {"name": name, "namespace": "ml"}}
+                    cluster.pod(name)
                     for name, owner in cluster.pods.items()
-                    if owner == gang
+                    if gang is None or owner == gang
                 ]
-                return self._send(200, {"kind": "PodList", "items": items}) if match else None
+                return self._send(200, {"kind": "PodList", "items": items})
             return self._send(404, {"kind": "Status", "code": 404})
 
         def do_PATCH(self) -> None:
@@ -220,3 +244,19 @@ def test_kueue_queue_without_a_gpu_quota_is_a_clear_error(
     target = ClusterTarget(namespace="ml", queue_kind="kueue", kueue_flavor="a100")
     with pytest.raises(ValueError, match=r"no nvidia\.com/gpu quota in flavor a100"):
         KubernetesActuator(api, target).apply(grow_to(8))
+
+
+def test_observing_the_cluster_gives_pools_gangs_and_idle_gpus(
+    cluster: tuple[FakeCluster, Any],
+) -> None:
+    from tideflow.broker import GangView
+
+    fake, api = cluster
+    fake.pods["inference-0"] = "serving"  # not a gang, on the inference node
+    fake.placement["inference-0"] = "gpu-0"
+    actuator = KubernetesActuator(api, ClusterTarget(namespace="ml"))
+    assert actuator.total_gpus() == 32 and actuator.inference_gpus() == 8
+    started = 1795413600.0  # 2026-11-23T06:00:00Z
+    # the serving pod sits on the inference node: not a training gang
+    assert actuator.gangs() == (GangView("job-a", 16, 0, 1000.5), GangView("job-b", 4, 5, started))
+    assert actuator.idle_training_gpus() == 24 - 16 - 4

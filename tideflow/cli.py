@@ -197,8 +197,10 @@ def cmd_broker_run(args: argparse.Namespace) -> int:
         return 2
     ledger, journal = default_paths()
     cluster = Settings.from_env().cluster_file
-    load, actuator, config, book = open_local(
-        settings, ledger, journal, str(cluster) if cluster else None
+    load, actuator, config, book = (
+        open_local(settings, ledger, journal, str(cluster) if cluster else None)
+        if args.backend == "local"
+        else _kubernetes_broker(settings, journal)
     )
     steps = 0
     while True:
@@ -245,6 +247,16 @@ def _write_timeline(result: Any, config: Any, path: Path, day: int) -> None:
         ".legend{font-size:12px;color:#52606d}</style></head><body>"
         f"<h3>{escape(title)}</h3>{render_timeline(points, start, start + 86400)}</body></html>"
     )
+
+
+def _kubernetes_broker(settings: Any, journal: Path) -> tuple[Any, Any, Any, Any]:
+    from tideflow.broker.journal import DecisionJournal
+    from tideflow.broker.kubernetes import KubernetesActuator, connect, target_from_env
+    from tideflow.broker.service import load_source_from, policy_config
+
+    actuator = KubernetesActuator(connect(), target_from_env(), grace_s=settings.grace_s)
+    config = policy_config(settings, actuator.total_gpus())
+    return load_source_from(settings.load), actuator, config, DecisionJournal(journal)
 
 
 class _BoundedLoad:
@@ -368,11 +380,18 @@ def build_parser() -> argparse.ArgumentParser:
     run_broker = broker_sub.add_parser(
         "run",
         help="run the broker as a service on the local backend",
-        description="Observe, decide, act and record every --interval seconds against the "
-        "lease ledger under TIDEFLOW_HOME (settings from TIDEFLOW_BROKER_*). The same "
-        "policy and code as the tideflow_broker DAG.",
+        description="Observe, decide, act and record every --interval seconds, against the "
+        "lease ledger under TIDEFLOW_HOME or a Kubernetes cluster (settings from "
+        "TIDEFLOW_BROKER_* and TIDEFLOW_K8S_*). The same policy and code as the "
+        "tideflow_broker DAG.",
     )
     run_broker.add_argument("--interval", type=float, default=60.0, help="seconds between steps")
+    run_broker.add_argument(
+        "--backend",
+        choices=["local", "kubernetes"],
+        default="local",
+        help="act on the local lease ledger, or on a cluster (TIDEFLOW_K8S_* settings)",
+    )
     run_broker.add_argument("--once", action="store_true", help="take one step and exit")
     run_broker.add_argument("--steps", type=int, default=0, help="stop after this many steps")
     run_broker.add_argument(

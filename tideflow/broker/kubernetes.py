@@ -23,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tideflow.broker.policy import Decision
+from tideflow.broker.policy import Decision, GangView
 
 POOL_LABEL = "tideflow.io/pool"
 GANG_LABEL = "tideflow.io/gang"
+CHECKPOINT_ANNOTATION = "tideflow.io/last-checkpoint"
 TAINT_KEY = "tideflow.io/pool"
 # The client would send a dict body as a JSON *Patch* (its first content type),
 # which the API server rejects; every patch here is a JSON merge patch.
@@ -45,6 +46,35 @@ class ClusterTarget:
     training_queue: str = "training"  # Volcano Queue or Kueue ClusterQueue name
     kueue_flavor: str | None = None  # the ResourceFlavor whose quota moves (Kueue)
     kueue_version: str = "v1beta2"
+
+
+def target_from_env() -> ClusterTarget:
+    """The cluster objects the broker moves, from ``TIDEFLOW_K8S_*`` variables."""
+    import os
+
+    env = os.environ.get
+    return ClusterTarget(
+        namespace=env("TIDEFLOW_K8S_NAMESPACE", "tideflow"),
+        inference_deployment=env("TIDEFLOW_K8S_INFERENCE_DEPLOYMENT", "inference"),
+        gpus_per_replica=int(env("TIDEFLOW_K8S_GPUS_PER_REPLICA", "1")),
+        hpa=env("TIDEFLOW_K8S_INFERENCE_HPA") or None,
+        gpu_resource=env("TIDEFLOW_K8S_GPU_RESOURCE", "nvidia.com/gpu"),
+        node_selector=env("TIDEFLOW_K8S_NODE_SELECTOR", "nvidia.com/gpu.present=true"),
+        queue_kind=env("TIDEFLOW_K8S_QUEUE_KIND", "volcano"),
+        training_queue=env("TIDEFLOW_K8S_TRAINING_QUEUE", "training"),
+        kueue_flavor=env("TIDEFLOW_K8S_KUEUE_FLAVOR") or None,
+    )
+
+
+def connect() -> Any:
+    """An API client: in-cluster credentials (the broker's ServiceAccount), else kubeconfig."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
 
 
 @dataclass(frozen=True)
@@ -89,6 +119,64 @@ class KubernetesActuator:
 
     def _pool(self, node: Any) -> str:
         return str((node.metadata.labels or {}).get(POOL_LABEL, "training"))
+
+    def total_gpus(self) -> int:
+        return sum(self._gpus(n) for n in self.gpu_nodes())
+
+    def inference_gpus(self) -> int:
+        return sum(self._gpus(n) for n in self.gpu_nodes() if self._pool(n) == "inference")
+
+    def _pod_gpus(self, pod: Any) -> int:
+        total = 0
+        for container in pod.spec.containers or []:
+            requests = (container.resources and container.resources.requests) or {}
+            total += int(str(requests.get(self.target.gpu_resource, "0")))
+        return total
+
+    def _training_pods(self) -> list[Any]:
+        training = {n.metadata.name for n in self.gpu_nodes() if self._pool(n) != "inference"}
+        pods = self.core.list_namespaced_pod(self.target.namespace).items
+        return [
+            p
+            for p in pods
+            if p.spec.node_name in training
+            and p.status.phase in ("Pending", "Running")
+            and p.metadata.deletion_timestamp is None
+        ]
+
+    def idle_training_gpus(self) -> int:
+        free = sum(self._gpus(n) for n in self.gpu_nodes() if self._pool(n) != "inference")
+        return free - sum(self._pod_gpus(p) for p in self._training_pods())
+
+    def gangs(self) -> tuple[GangView, ...]:
+        """Gangs on the training pool, by their pods' ``tideflow.io/gang`` label.
+
+        The newest checkpoint time comes from the pods' ``tideflow.io/last-checkpoint``
+        annotation (epoch seconds) when the runtime sets it, else their start.
+        """
+        found: dict[str, list[Any]] = {}
+        for pod in self._training_pods():
+            gang = (pod.metadata.labels or {}).get(GANG_LABEL)
+            if gang:
+                found.setdefault(gang, []).append(pod)
+        views = []
+        for gang, pods in sorted(found.items()):
+            stamps = []
+            for pod in pods:
+                note = (pod.metadata.annotations or {}).get(CHECKPOINT_ANNOTATION)
+                if note:
+                    stamps.append(float(note))
+                elif pod.status.start_time is not None:
+                    stamps.append(pod.status.start_time.timestamp())
+            views.append(
+                GangView(
+                    gang,
+                    sum(self._pod_gpus(p) for p in pods),
+                    min(int(p.spec.priority or 0) for p in pods),
+                    min(stamps) if stamps else 0.0,
+                )
+            )
+        return tuple(views)
 
     # -- acting -------------------------------------------------------------------------
     def _set_pool(self, node: Any, pool: str) -> None:

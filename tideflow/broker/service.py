@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from tideflow.broker.forecast import LoadForecaster, clean_outages
 from tideflow.broker.journal import DecisionJournal
@@ -23,8 +24,19 @@ from tideflow.broker.load import (
     SyntheticLoad,
     TraceLoad,
 )
-from tideflow.broker.local import Applied, LocalActuator
-from tideflow.broker.policy import Decision, PolicyConfig, Snapshot, decide
+from tideflow.broker.local import LocalActuator
+from tideflow.broker.policy import Decision, GangView, PolicyConfig, Snapshot, decide
+
+
+class Actuator(Protocol):
+    """What a broker step needs from where it acts (the local ledger, a cluster)."""
+
+    def total_gpus(self) -> int: ...
+    def inference_gpus(self) -> int: ...
+    def idle_training_gpus(self) -> int: ...
+    def gangs(self) -> tuple[GangView, ...]: ...
+    def apply(self, decision: Decision) -> Any: ...
+
 
 HISTORY_S = 8 * 86400.0
 
@@ -110,7 +122,7 @@ def policy_config(settings: BrokerSettings, total_gpus: int) -> PolicyConfig:
 
 def observe(
     load: LoadSource,
-    actuator: LocalActuator,
+    actuator: Actuator,
     config: PolicyConfig,
     journal: DecisionJournal,
     now_s: float,
@@ -133,7 +145,7 @@ def observe(
 
 def peek(
     load: LoadSource,
-    actuator: LocalActuator,
+    actuator: Actuator,
     config: PolicyConfig,
     journal: DecisionJournal,
     now_s: float | None = None,
@@ -170,13 +182,13 @@ def open_local(
 
 def rebalance_once(
     load: LoadSource,
-    actuator: LocalActuator,
+    actuator: Actuator,
     config: PolicyConfig,
     journal: DecisionJournal,
     now_s: float | None = None,
     *,
     act: bool = True,
-) -> tuple[Decision, Applied | None]:
+) -> tuple[Decision, Any]:
     now = time.time() if now_s is None else now_s
     snapshot = observe(load, actuator, config, journal, now)
     decision = decide(snapshot, config)
