@@ -8,14 +8,14 @@ inventory of two 8-GPU nodes (nothing here needs a GPU: no gang runs).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import importlib
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.trigger_helpers import first_event, round_trip
 
 CLUSTER = """\
 apiVersion: tideflow/v1
@@ -42,24 +42,6 @@ def broker_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Pat
     monkeypatch.setenv("TIDEFLOW_BROKER_SENSE_S", "3")
     monkeypatch.setenv("TIDEFLOW_BROKER_POLL_S", "1")
     return {"home": home, "cluster": cluster, "trace": trace}
-
-
-def round_trip(trigger: Any) -> Any:
-    """Serialize and rebuild the trigger, as a triggerer does when it picks one up."""
-    path, kwargs = trigger.serialize()
-    module, _, name = path.rpartition(".")
-    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
-    assert rebuilt.serialize() == (path, kwargs)
-    return rebuilt
-
-
-def first_event(trigger: Any) -> dict[str, Any]:
-    async def run() -> dict[str, Any]:
-        async for event in trigger.run():
-            return dict(event.payload)
-        raise AssertionError("the trigger ended without an event")
-
-    return asyncio.run(asyncio.wait_for(run(), timeout=60))
 
 
 def test_load_trigger_fires_when_the_policy_wants_more_inference(

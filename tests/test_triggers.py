@@ -6,13 +6,12 @@ backend, as the triggerer would after deserialising them.
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.trigger_helpers import first_event, round_trip
 from tideflow.backends import GangJob, WorkerSlot
 from tideflow.backends.local import LocalBackend
 from tideflow.inventory import detect_local
@@ -20,23 +19,6 @@ from tideflow.operators.triggers import DeviceTrigger, GangTrigger, LeaseTrigger
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
 WORKER = str(Path(__file__).with_name("gang_worker.py"))
-
-
-def round_trip(trigger: Any) -> Any:
-    path, kwargs = trigger.serialize()
-    module, _, name = path.rpartition(".")
-    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
-    assert rebuilt.serialize() == (path, kwargs)
-    return rebuilt
-
-
-def first_event(trigger: Any) -> dict[str, Any]:
-    async def run() -> dict[str, Any]:
-        async for event in trigger.run():
-            return dict(event.payload)
-        raise AssertionError("the trigger ended without an event")
-
-    return asyncio.run(asyncio.wait_for(run(), timeout=60))
 
 
 def request(gang_id: str, workers: int) -> dict[str, Any]:
