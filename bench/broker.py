@@ -6,7 +6,9 @@ For each trace: 200 GPUs in 8-GPU nodes, the same synthetic training stream
 (seed) for every policy, and three policies: the users' static 120 training /
 80 inference split, a static split sized for the trace's 99th-percentile
 inference need (sized with hindsight, so it is an upper baseline), and
-tidal. Prints one JSON line per run and the ratios the targets are stated in.
+tidal; and "oracle", not a policy but a bound: the same decisions fed each
+window's true load (no forecast error, no cooldown). Prints one JSON line per
+run and the ratios the targets are stated in.
 The per-GPU throughput is a modelling choice (requests/s one inference GPU
 serves within its latency SLO), chosen so that the 99th-percentile need is
 about two thirds of the cluster, as in the users' 200-GPU scenario.
@@ -51,6 +53,12 @@ def main() -> int:
     default = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
     parser.add_argument("--traces", type=Path, default=default)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--offered",
+        type=float,
+        default=0.55,
+        help="training demand as a share of the cluster's GPU-hours (1.0: a saturating backlog)",
+    )
     args = parser.parse_args()
     for name, per_gpu in TRACES.items():
         path = args.traces / name
@@ -58,10 +66,15 @@ def main() -> int:
             print(f"skipping {name}: not found under {args.traces}", file=sys.stderr)
             continue
         load = TraceLoad(path)
-        jobs = synthetic_jobs(seed=args.seed, total_gpus=200, horizon_s=load.end_s - load.start_s)
+        jobs = synthetic_jobs(
+            seed=args.seed,
+            total_gpus=200,
+            horizon_s=load.end_s - load.start_s,
+            offered_fraction=args.offered,
+        )
         peak = p99_split(load, per_gpu, 8)
         results = {}
-        for policy in ("static:80", f"static:{peak}", "tidal"):
+        for policy in ("static:80", f"static:{peak}", "tidal", "oracle"):
             started = time.perf_counter()
             config = SimulationConfig(policy=policy, total_gpus=200, per_gpu_rps=per_gpu)
             metrics = simulate(load, jobs, config).metrics
@@ -81,6 +94,10 @@ def main() -> int:
             ),
             "goodput_vs_p99_static": round(
                 tidal["training_goodput_gpu_hours"] / big["training_goodput_gpu_hours"], 3
+            ),
+            "goodput_oracle_vs_p99_static": round(
+                results["oracle"]["training_goodput_gpu_hours"] / big["training_goodput_gpu_hours"],
+                3,
             ),
             "queueing_p99_static_over_tidal": round(
                 big["mean_queueing_hours"] / tidal["mean_queueing_hours"], 2

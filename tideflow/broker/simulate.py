@@ -18,7 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tideflow.broker.forecast import LoadForecaster, clean_outages
+from tideflow.broker.forecast import Forecast, LoadForecaster, clean_outages
 from tideflow.broker.jobs import JobSpec
 from tideflow.broker.load import LoadSample, LoadSource
 from tideflow.broker.policy import Action, GangView, PolicyConfig, Snapshot, decide
@@ -44,12 +44,13 @@ class SimulationConfig:
     grace_s: float = 300.0  # how long the broker waits for that checkpoint
 
     def static_gpus(self) -> int | None:
-        if self.policy == "tidal":
+        if self.policy in ("tidal", "oracle"):
             return None
         kind, _, value = self.policy.partition(":")
         if kind != "static" or not value.isdigit():
             raise ValueError(
-                f"policy {self.policy!r}: use 'tidal' or 'static:N' (N GPUs for inference)"
+                f"policy {self.policy!r}: use 'tidal', 'static:N' (N GPUs for inference) "
+                "or 'oracle' (a bound that knows each window's load)"
             )
         if not 0 <= int(value) <= self.total_gpus:
             raise ValueError(f"policy {self.policy!r}: N must be within 0..{self.total_gpus}")
@@ -160,6 +161,12 @@ def simulate(  # noqa: PLR0915 - one readable event loop
             lend_forecast = forecaster.forecast(
                 history, now, policy_config.lend_horizon_s, config.lend_quantile
             )
+            if config.policy == "oracle":
+                # Not a policy: the same decisions fed each window's true load, with no
+                # cooldown, to bound what any forecast could achieve on this trace.
+                exact = Forecast(sample.rate, sample.rate, sample.rate, "oracle")
+                forecast, lend_forecast = exact, exact
+                last_lend = None
             upper = forecast.upper
             if forecast.point is not None and sample.rate is not None:
                 forecast_errors.append(abs(forecast.point - sample.rate) / sample.rate)
@@ -167,7 +174,13 @@ def simulate(  # noqa: PLR0915 - one readable event loop
             snapshot = Snapshot(
                 now_s=now,
                 inference_gpus=inference,
-                measured_rps=samples[index - 1].rate if index else None,
+                measured_rps=(
+                    sample.rate
+                    if config.policy == "oracle"
+                    else samples[index - 1].rate
+                    if index
+                    else None
+                ),
                 forecast=forecast,
                 idle_training_gpus=config.total_gpus - inference - held,
                 gangs=tuple(
