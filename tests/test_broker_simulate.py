@@ -96,7 +96,7 @@ def test_cli_rejects_a_bad_policy(capsys: pytest.CaptureFixture[str]) -> None:
         ["broker", "simulate", "--trace", "synthetic", "--per-gpu-rps", "25", "--policy", "tidl"]
     )
     assert code == 2
-    assert "use 'tidal' or 'static:N'" in capsys.readouterr().err
+    assert "use 'tidal', 'static:N'" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason=f"no production traces at {SHARED_TRACES}")
