@@ -1,0 +1,106 @@
+"""The digits gang step as a Volcano Job: all-or-nothing (minAvailable = workers), restart
+policies, rendezvous, restricted pods, secrets by reference; valid against Volcano's
+own CRD schema (../shared/schemas, skipped with the reason where it is absent) and
+equal to its golden file (regenerate with TIDEFLOW_UPDATE_GOLDEN=1, never in CI)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.crd_schema import SCHEMAS, crd_schema, validate
+from tideflow.compile.dag_plan import DagPlan, compile_dag_plan
+from tideflow.kube import KubeSettings, dns_label, volcano_job
+from tideflow.spec import load_pipeline
+
+GOLDEN = Path(__file__).with_name("golden") / "digits-train.volcano.yaml"
+RUN_ID = "manual__2026-11-23T12:00:00+00:00"
+
+
+def rendered_plan(repo: Path, **params: Any) -> DagPlan:
+    """The plan as the operator sees it at run time: params and upstream outputs filled in."""
+    plan = compile_dag_plan(load_pipeline(repo / "pipelines" / "digits.yaml"))
+    values = {name: p.default for name, p in plan.params.items()} | params
+
+    def render(value: Any) -> Any:
+        if isinstance(value, str):
+            whole = re.fullmatch(r"\{\{ params\.(\w+) \}\}", value)
+            if whole:
+                return values[whole.group(1)]
+            value = re.sub(r"\{\{ params\.(\w+) \}\}", lambda m: str(values[m.group(1)]), value)
+            return re.sub(
+                r"\{\{ ti\.xcom_pull\(task_ids='([\w-]+)'\)\['(\w+)'\] \}\}",
+                lambda m: f"s3://tideflow/artifacts/digits/run/{m.group(1)}/{m.group(2)}.npz",
+                value,
+            )
+        if isinstance(value, list):
+            return [render(v) for v in value]
+        if isinstance(value, dict):
+            return {k: render(v) for k, v in value.items()}
+        return value
+
+    tasks = tuple(type(t)(**{**t.__dict__, "config": render(t.config)}) for t in plan.tasks)
+    return type(plan)(**{**plan.__dict__, "tasks": tasks})
+
+
+def job(repo: Path, **params: Any) -> dict[str, Any]:
+    plan = rendered_plan(repo, **params)
+    (train,) = [t for t in plan.tasks if t.kind == "gang_training"]
+    return volcano_job(plan, train, run_id=RUN_ID, settings=KubeSettings())
+
+
+def test_digits_gang_is_all_or_nothing_with_gang_restarts(repo: Path) -> None:
+    obj = job(repo, workers=2)
+    spec = obj["spec"]
+    assert spec["minAvailable"] == 2 and spec["tasks"][0]["replicas"] == 2
+    assert spec["queue"] == "vision" and spec["maxRetry"] == 2
+    assert {"event": "PodEvicted", "action": "RestartJob"} in spec["policies"]
+    assert {"exitCode": 75, "action": "RestartJob"} in spec["policies"]
+    assert {"exitCode": 76, "action": "TerminateJob"} in spec["policies"]
+    assert spec["plugins"] == {"svc": [], "env": []}
+    pod = spec["tasks"][0]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    name = obj["metadata"]["name"]
+    assert env["MASTER_ADDR"] == f"{name}-worker-0.{name}" and env["WORLD_SIZE"] == "2"
+    assert container["envFrom"] == [{"secretRef": {"name": "tideflow-store"}}]
+    assert not any("SECRET" in e["name"] or "KEY" in e["name"] for e in container["env"])
+    assert pod["terminationGracePeriodSeconds"] >= 60  # time to write a checkpoint
+    context = container["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False and context["runAsNonRoot"] is True
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "--lr" in container["command"] and "0.05" in container["command"]
+    assert job(repo, workers=1)["spec"]["minAvailable"] == 1
+
+
+def test_names_and_labels_are_valid_kubernetes_names(repo: Path) -> None:
+    obj = job(repo)
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", obj["metadata"]["name"])
+    assert len(obj["metadata"]["name"]) <= 47
+    for value in obj["metadata"]["labels"].values():
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) and len(value) <= 63
+    assert dns_label("a/b") != dns_label("a_b")  # lossy names keep a hash of the original
+
+
+@pytest.mark.skipif(not SCHEMAS.is_dir(), reason=f"no CRD schemas at {SCHEMAS}")
+def test_job_validates_against_volcanos_crd_schema(repo: Path) -> None:
+    schema = crd_schema("volcano/batch.volcano.sh_jobs.yaml", "v1alpha1")
+    assert validate(job(repo), schema) == []
+    broken = job(repo)
+    broken["spec"]["minAvailable"] = "two"
+    broken["spec"]["polices"] = []
+    problems = validate(broken, schema)
+    assert any("minAvailable" in p for p in problems) and ".spec.polices: unknown field" in problems
+
+
+def test_job_matches_its_golden_file(repo: Path) -> None:
+    text = yaml.safe_dump(job(repo), sort_keys=True)
+    if os.environ.get("TIDEFLOW_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "regenerate with TIDEFLOW_UPDATE_GOLDEN=1 and review"
