@@ -1,7 +1,7 @@
-"""deploy/kubernetes: the broker's manifests parse, meet the "restricted" Pod Security
-Standard, and grant exactly what the Kubernetes actuator calls (no wildcards, no
-secrets). Schema validation against the API's OpenAPI comes with the Kubernetes
-backend; these checks read the YAML."""
+"""deploy/kubernetes: every manifest validates offline against the Kubernetes API schema
+(kubernetes-validate, strict: misspelled fields fail), the broker's pod meets the
+"restricted" Pod Security Standard, and its RBAC grants exactly what the Kubernetes
+actuator calls (no wildcards, no secrets)."""
 
 from __future__ import annotations
 
@@ -75,3 +75,19 @@ def test_broker_accepts_no_connections() -> None:
     (policy,) = by_kind("NetworkPolicy")
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert policy["spec"]["ingress"] == []
+
+
+def test_every_manifest_validates_strictly_against_the_kubernetes_schema() -> None:
+    import kubernetes_validate
+
+    assert objects()
+    for obj in objects():
+        kubernetes_validate.validate(obj, "1.33", strict=True)
+    broken = by_kind("Deployment")[0]
+    broken["spec"]["replica"] = 1  # a misspelled field
+    try:
+        kubernetes_validate.validate(broken, "1.33", strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        assert "replica" in str(exc)
+    else:
+        raise AssertionError("a misspelled field passed strict validation")
