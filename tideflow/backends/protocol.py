@@ -49,6 +49,10 @@ class GangJob:
     lease_db: str | None = None
     lease_ttl_s: float = 60.0
     preempt_grace_s: float = 120.0
+    # Used by cluster backends (queue, priority class, node selector); the local one ignores them.
+    team: str = "default"
+    model: str | None = None
+    priority: int = 0
 
     @property
     def workers(self) -> int:

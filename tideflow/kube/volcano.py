@@ -52,9 +52,27 @@ def _restricted() -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class GangShape:
+    """What a Volcano Job needs to know about a gang, wherever it was described."""
+
+    name: str
+    labels: dict[str, str]
+    command: list[str]
+    env: dict[str, str]
+    workers: int
+    device_class: str
+    devices_per_worker: int
+    model: str | None
+    team: str
+    priority: int
+    max_restarts: int
+
+
 def volcano_job(
     plan: DagPlan, task: TaskPlan, *, run_id: str, settings: KubeSettings
 ) -> dict[str, Any]:
+    """The Job of a compiled, rendered gang step of one DAG run."""
     if task.kind != "gang_training":
         raise ValueError(f"step {task.task_id!r} is {task.kind}, not gang_training")
     config = task.config
@@ -64,47 +82,72 @@ def volcano_job(
             f"step {task.task_id!r}: workers is {workers!r}; a Volcano Job needs a number "
             "(render the run's params first)"
         )
-    device = config["device"]
-    per_worker = int(config["devices_per_worker"])
-    name = dns_label(plan.dag_id, task.task_id, run_id, limit=47)  # room for "-worker-NNN"
-    gang_id = f"{plan.dag_id}/{run_id}/{task.task_id}"
-    labels = {
-        "tideflow.io/pipeline": dns_label(plan.dag_id),
-        "tideflow.io/step": dns_label(task.task_id),
-        "tideflow.io/run": dns_label(run_id),
-        "tideflow.io/gang": dns_label(gang_id),
-        "tideflow.io/team": dns_label(plan.team),
-    }
-    resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
-    resource = DEVICE_RESOURCES.get(device["class"])
-    if resource:
-        resources["requests"][resource] = resources["limits"][resource] = str(per_worker)
-    else:
-        resources["requests"]["cpu"] = str(per_worker)
     entrypoint = config["entrypoint"]
     if not isinstance(entrypoint, list):
         raise ValueError(
             f"step {task.task_id!r}: entry point {entrypoint!r} is module:function; on "
             "Kubernetes a gang step needs a command entry point (a list) for now"
         )
-    command = [str(part) for part in entrypoint]
+    gang_id = f"{plan.dag_id}/{run_id}/{task.task_id}"
     store = (config.get("checkpoint") or {}).get("store") or (
         f"{settings.artifact_root}/{plan.dag_id}/{dns_label(run_id)}/{task.task_id}/checkpoints"
     )
+    env = {
+        "TIDEFLOW_CHECKPOINT_URI": store,
+        "TIDEFLOW_GANG_ID": gang_id,
+        "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
+        **{k: str(v) for k, v in sorted((config.get("env") or {}).items())},
+    }
+    labels = {
+        "tideflow.io/pipeline": dns_label(plan.dag_id),
+        "tideflow.io/step": dns_label(task.task_id),
+        "tideflow.io/run": dns_label(run_id),
+    }
+    return gang_volcano_job(
+        GangShape(
+            name=dns_label(plan.dag_id, task.task_id, run_id, limit=47),
+            labels=labels,
+            command=[str(part) for part in entrypoint],
+            env=env,
+            workers=workers,
+            device_class=config["device"]["class"],
+            devices_per_worker=int(config["devices_per_worker"]),
+            model=config["device"].get("model"),
+            team=plan.team,
+            priority=int(config.get("priority", 0)),
+            max_restarts=int(config.get("max_restarts", 0)),
+        ),
+        gang_id,
+        settings,
+    )
+
+
+def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[str, Any]:
+    """The Volcano Job for a gang of ``shape.workers`` pods, all or none."""
+    name = shape.name
+    labels = {
+        **shape.labels,
+        "tideflow.io/gang": dns_label(gang_id),
+        "tideflow.io/team": dns_label(shape.team),
+    }
+    resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
+    resource = DEVICE_RESOURCES.get(shape.device_class)
+    if resource:
+        resources["requests"][resource] = str(shape.devices_per_worker)
+        resources["limits"][resource] = str(shape.devices_per_worker)
+    else:
+        resources["requests"]["cpu"] = str(shape.devices_per_worker)
     env = [
-        {"name": "WORLD_SIZE", "value": str(workers)},
+        {"name": "WORLD_SIZE", "value": str(shape.workers)},
         {"name": "MASTER_ADDR", "value": f"{name}-worker-0.{name}"},
         {"name": "MASTER_PORT", "value": str(settings.master_port)},
-        {"name": "TIDEFLOW_DEVICE_CLASS", "value": device["class"]},
-        {"name": "TIDEFLOW_CHECKPOINT_URI", "value": store},
-        {"name": "TIDEFLOW_GANG_ID", "value": gang_id},
-        {"name": "MLFLOW_TRACKING_URI", "value": settings.mlflow_tracking_uri},
-        *({"name": k, "value": str(v)} for k, v in sorted((config.get("env") or {}).items())),
+        {"name": "TIDEFLOW_DEVICE_CLASS", "value": shape.device_class},
+        *({"name": k, "value": v} for k, v in shape.env.items()),
     ]
     container: dict[str, Any] = {
         "name": "worker",
         "image": settings.image,
-        "command": command,
+        "command": list(shape.command),
         "env": env,
         "resources": resources,
         "securityContext": _restricted(),
@@ -122,18 +165,18 @@ def volcano_job(
         },
         "containers": [container],
     }
-    if device.get("model") and device["class"] in MODEL_LABELS:
-        pod_spec["nodeSelector"] = {MODEL_LABELS[device["class"]]: device["model"]}
+    if shape.model and shape.device_class in MODEL_LABELS:
+        pod_spec["nodeSelector"] = {MODEL_LABELS[shape.device_class]: shape.model}
     return {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",
         "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
         "spec": {
             "schedulerName": "volcano",
-            "minAvailable": workers,
-            "queue": dns_label(plan.team),
-            "priorityClassName": settings.priority_class(int(config.get("priority", 0))),
-            "maxRetry": int(config.get("max_restarts", 0)),
+            "minAvailable": shape.workers,
+            "queue": dns_label(shape.team),
+            "priorityClassName": settings.priority_class(shape.priority),
+            "maxRetry": shape.max_restarts,
             "plugins": {"svc": [], "env": []},
             "policies": [
                 {"event": "PodEvicted", "action": "RestartJob"},
@@ -145,7 +188,7 @@ def volcano_job(
             "tasks": [
                 {
                     "name": "worker",
-                    "replicas": workers,
+                    "replicas": shape.workers,
                     "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
                 }
             ],
