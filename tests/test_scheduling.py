@@ -237,7 +237,9 @@ def _hammer(path: str, seed: int, rounds: int) -> int:
 def test_many_processes_never_double_book_a_device(tmp_path: Path) -> None:
     path = tmp_path / "leases.db"
     LeaseLedger(path, cluster(("h100", 3, "H100", 8)))
-    with multiprocessing.get_context("fork").Pool(6) as pool:
+    # spawn, not fork: forking a test process that already runs other threads (a jemalloc
+    # background thread, an event loop) can hand the children a held lock and hang them.
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
         granted = pool.starmap(_hammer, [(str(path), seed, 25) for seed in range(6)])
     assert sum(granted) > 0
     db = sqlite3.connect(path)
