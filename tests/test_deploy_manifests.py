@@ -8,7 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+from tests.crd_schema import SCHEMAS, crd_schema, validate
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 
@@ -77,11 +80,20 @@ def test_broker_accepts_no_connections() -> None:
     assert policy["spec"]["ingress"] == []
 
 
-def test_every_manifest_validates_strictly_against_the_kubernetes_schema() -> None:
+CRDS = {
+    ("scheduling.volcano.sh/v1beta1", "Queue"): (
+        "volcano/scheduling.volcano.sh_queues.yaml",
+        "v1beta1",
+    )
+}
+
+
+def test_every_core_manifest_validates_strictly_against_the_kubernetes_schema() -> None:
     import kubernetes_validate
 
-    assert objects()
-    for obj in objects():
+    core = [o for o in objects() if (o["apiVersion"], o["kind"]) not in CRDS]
+    assert core
+    for obj in core:
         kubernetes_validate.validate(obj, "1.33", strict=True)
     broken = by_kind("Deployment")[0]
     broken["spec"]["replica"] = 1  # a misspelled field
@@ -91,3 +103,21 @@ def test_every_manifest_validates_strictly_against_the_kubernetes_schema() -> No
         assert "replica" in str(exc)
     else:
         raise AssertionError("a misspelled field passed strict validation")
+
+
+@pytest.mark.skipif(not SCHEMAS.is_dir(), reason=f"no CRD schemas at {SCHEMAS}")
+def test_volcano_queues_validate_against_the_crd_schema() -> None:
+    queues = [o for o in objects() if (o["apiVersion"], o["kind"]) in CRDS]
+    assert {q["metadata"]["name"] for q in queues} >= {"training"}
+    for queue in queues:
+        relative, version = CRDS[(queue["apiVersion"], queue["kind"])]
+        assert validate(queue, crd_schema(relative, version)) == [], queue["metadata"]["name"]
+    children = [q for q in queues if q["spec"].get("parent") == "training"]
+    assert children  # team queues sit under the queue whose capability the broker moves
+
+
+def test_gang_priority_classes_exist() -> None:
+    from tideflow.kube import KubeSettings
+
+    defined = {o["metadata"]["name"] for o in by_kind("PriorityClass")}
+    assert {name for _, name in KubeSettings().priority_classes} <= defined
