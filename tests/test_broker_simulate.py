@@ -9,32 +9,35 @@ from pathlib import Path
 import pytest
 
 from tideflow.broker import SimulationConfig, SyntheticLoad, TraceLoad, simulate, synthetic_jobs
-from tideflow.cli import _BoundedLoad, main
+from tideflow.cli import main
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 DAYS = 4
 
 
 @pytest.fixture(scope="module")
-def diurnal() -> _BoundedLoad:
+def diurnal() -> SyntheticLoad:
     # Night load about a third of the daytime peak, as in the users' clusters.
-    return _BoundedLoad(SyntheticLoad(mean_rps=2000, daily_amplitude=0.5, seed=11), DAYS * 86400)
+    return SyntheticLoad(mean_rps=2000, daily_amplitude=0.5, seed=11)
 
 
 @pytest.fixture(scope="module")
-def results(diurnal: _BoundedLoad) -> dict[str, dict[str, float]]:
+def results(diurnal: SyntheticLoad) -> dict[str, dict[str, float]]:
     jobs = synthetic_jobs(seed=2, total_gpus=200, horizon_s=DAYS * 86400)
     out = {}
     for policy in ("static:80", "static:136", "static:160", "tidal"):
         config = SimulationConfig(policy=policy, per_gpu_rps=25.0)
-        out[policy] = simulate(diurnal, jobs, config).metrics
+        out[policy] = simulate(diurnal, jobs, config, start_s=0, end_s=DAYS * 86400).metrics
     return out
 
 
-def test_same_seed_same_result(diurnal: _BoundedLoad) -> None:
+def test_same_seed_same_result(diurnal: SyntheticLoad) -> None:
     jobs = synthetic_jobs(seed=2, total_gpus=200, horizon_s=DAYS * 86400)
     config = SimulationConfig(policy="tidal", per_gpu_rps=25.0)
-    assert simulate(diurnal, jobs, config).metrics == simulate(diurnal, jobs, config).metrics
+    assert (
+        simulate(diurnal, jobs, config, start_s=0, end_s=DAYS * 86400).metrics
+        == simulate(diurnal, jobs, config, start_s=0, end_s=DAYS * 86400).metrics
+    )
 
 
 def test_static_policies_never_preempt(results: dict[str, dict[str, float]]) -> None:
@@ -107,3 +110,8 @@ def test_production_trace_with_outages_runs_and_keeps_the_slo() -> None:
     assert result["gap_windows"] >= 84  # its zero windows (and near-zero outages) are gaps
     assert result["slo_attainment"] >= 0.99
     assert result["lost_fraction_of_training"] < 0.02
+
+
+def test_a_load_without_bounds_needs_a_window(diurnal: SyntheticLoad) -> None:
+    with pytest.raises(ValueError, match="give start_s < end_s"):
+        simulate(diurnal, [], SimulationConfig(policy="static:80", per_gpu_rps=25.0))

@@ -147,14 +147,14 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
     )
 
     try:
-        load = TraceLoad(args.trace) if args.trace != "synthetic" else None
-        if load is None:
-            synthetic = SyntheticLoad(mean_rps=args.synthetic_mean_rps, seed=args.seed)
-            horizon = args.days * 86400.0
-            load_source: object = _BoundedLoad(synthetic, horizon)
+        load: TraceLoad | SyntheticLoad
+        if args.trace == "synthetic":
+            load = SyntheticLoad(mean_rps=args.synthetic_mean_rps, seed=args.seed)
+            start, end = 0.0, args.days * 86400.0
         else:
-            horizon = load.end_s - load.start_s
-            load_source = load
+            load = TraceLoad(args.trace)
+            start, end = load.start_s, load.end_s
+        horizon = end - start
         config = SimulationConfig(
             policy=args.policy,
             total_gpus=args.gpus,
@@ -167,7 +167,7 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
             if args.jobs == "synthetic"
             else load_jobs(args.jobs)
         )
-        result = simulate(load_source, jobs, config)  # type: ignore[arg-type]
+        result = simulate(load, jobs, config, start_s=start, end_s=end)
     except (LoadSourceError, ValueError, OSError) as exc:
         print(f"tideflow broker simulate: {exc}", file=sys.stderr)
         return 2
@@ -257,19 +257,6 @@ def _kubernetes_broker(settings: Any, journal: Path) -> tuple[Any, Any, Any, Any
     actuator = KubernetesActuator(connect(), target_from_env(), grace_s=settings.grace_s)
     config = policy_config(settings, actuator.total_gpus())
     return load_source_from(settings.load), actuator, config, DecisionJournal(journal)
-
-
-class _BoundedLoad:
-    """A synthetic load with a finite horizon, as the simulator wants."""
-
-    def __init__(self, load: Any, horizon_s: float) -> None:
-        self.load = load
-        self.window_s = load.window_s
-        self.start_s = 0.0
-        self.end_s = horizon_s
-
-    def samples(self, start_s: float, end_s: float) -> Any:
-        return self.load.samples(start_s, min(end_s, self.end_s))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -125,13 +125,24 @@ def _preempt(job: _Job, config: SimulationConfig) -> float:
 
 
 def simulate(  # noqa: PLR0915 - one readable event loop
-    load: LoadSource, jobs: list[JobSpec], config: SimulationConfig
+    load: LoadSource,
+    jobs: list[JobSpec],
+    config: SimulationConfig,
+    *,
+    start_s: float | None = None,
+    end_s: float | None = None,
 ) -> SimulationResult:
+    """Replay ``load`` over [start_s, end_s); a trace's own bounds are the default."""
     static = config.static_gpus()
     policy_config = config.policy_config() if static is None else None
     step = load.window_s
-    start = float(getattr(load, "start_s", 0.0))
-    end = float(getattr(load, "end_s", start + 14 * 86400))
+    start = start_s if start_s is not None else getattr(load, "start_s", None)
+    end = end_s if end_s is not None else getattr(load, "end_s", None)
+    if start is None or end is None or end <= start:
+        raise ValueError(
+            "simulate: give start_s < end_s for a load without its own bounds "
+            f"(got {start!r}, {end!r})"
+        )
     raw: list[LoadSample] = load.samples(start, end)
     # What the broker sees: outage windows become gaps (judged on the past only).
     samples = clean_outages(raw)
