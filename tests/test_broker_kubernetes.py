@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import copy
 import http.server
-import json
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.fake_kube import JsonHandler, kube_client
 from tideflow.broker import Action, Decision, Reclaim
 from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
 
@@ -85,19 +84,7 @@ class FakeCluster:
 
 
 def handler_for(cluster: FakeCluster) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _send(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _body(self) -> Any:
-            length = int(self.headers.get("Content-Length", "0"))
-            return json.loads(self.rfile.read(length)) if length else None
-
+    class Handler(JsonHandler):
         def _record(self, body: Any) -> str:
             path = self.path.split("?", 1)[0]
             cluster.requests.append(
@@ -105,7 +92,7 @@ def handler_for(cluster: FakeCluster) -> type[http.server.BaseHTTPRequestHandler
             )
             return path
 
-        def do_GET(self) -> None:
+        def do_GET(self) -> None:  # noqa: N802 - http.server names
             path = self._record(None)
             if path == "/api/v1/nodes":
                 assert "labelSelector=nvidia.com%2Fgpu.present%3Dtrue" in self.path
@@ -124,7 +111,7 @@ def handler_for(cluster: FakeCluster) -> type[http.server.BaseHTTPRequestHandler
                 return self._send(200, {"kind": "PodList", "items": items})
             return self._send(404, {"kind": "Status", "code": 404})
 
-        def do_PATCH(self) -> None:
+        def do_PATCH(self) -> None:  # noqa: N802 - http.server names
             body = self._body()
             path = self._record(body)
             if match := re.fullmatch(r"/api/v1/nodes/([\w-]+)", path):
@@ -150,7 +137,7 @@ def handler_for(cluster: FakeCluster) -> type[http.server.BaseHTTPRequestHandler
                 return self._send(200, cluster.kueue)
             return self._send(404, {"kind": "Status", "code": 404})
 
-        def do_POST(self) -> None:
+        def do_POST(self) -> None:  # noqa: N802 - http.server names
             body = self._body()
             path = self._record(body)
             if match := re.fullmatch(r"/api/v1/namespaces/ml/pods/([\w-]+)/eviction", path):
@@ -161,26 +148,14 @@ def handler_for(cluster: FakeCluster) -> type[http.server.BaseHTTPRequestHandler
                 return self._send(201, {"kind": "Status", "status": "Success"})
             return self._send(404, {"kind": "Status", "code": 404})
 
-        def log_message(self, *args: object) -> None:
-            pass
-
     return Handler
 
 
 @pytest.fixture
 def cluster() -> Iterator[tuple[FakeCluster, Any]]:
-    from kubernetes import client
-
     fake = FakeCluster()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_for(fake))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = client.Configuration()
-    config.host = f"http://127.0.0.1:{server.server_port}"
-    try:
-        yield fake, client.ApiClient(config)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with kube_client(handler_for(fake)) as client:
+        yield fake, client
 
 
 def grow_to(gpus: int, *victims: str) -> Decision:

@@ -10,14 +10,13 @@ Kubernetes does with it.
 from __future__ import annotations
 
 import http.server
-import json
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.fake_kube import JsonHandler, kube_client
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.kube import KubeSettings
@@ -33,25 +32,13 @@ class FakeApi:
 
 
 def handler_for(api: FakeApi) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _send(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def _path(self) -> str:
             path = self.path.split("?", 1)[0]
             api.requests.append((self.command, path))
             return path
 
-        def _body(self) -> Any:
-            length = int(self.headers.get("Content-Length", "0"))
-            return json.loads(self.rfile.read(length)) if length else None
-
-        def do_POST(self) -> None:
+        def do_POST(self) -> None:  # noqa: N802 - http.server names
             path, body = self._path(), self._body()
             if path == JOBS:
                 name = body["metadata"]["name"]
@@ -67,7 +54,7 @@ def handler_for(api: FakeApi) -> type[http.server.BaseHTTPRequestHandler]:
                 return self._send(201, {"kind": "Status", "status": "Success"})
             return self._send(404, {"kind": "Status", "code": 404})
 
-        def do_GET(self) -> None:
+        def do_GET(self) -> None:  # noqa: N802 - http.server names
             path = self._path()
             if match := re.fullmatch(JOBS + r"/([\w-]+)", path):
                 job = api.jobs.get(match.group(1))
@@ -82,7 +69,7 @@ def handler_for(api: FakeApi) -> type[http.server.BaseHTTPRequestHandler]:
                 return self._send(200, {"kind": "PodList", "items": items})
             return self._send(404, {"code": 404})
 
-        def do_DELETE(self) -> None:
+        def do_DELETE(self) -> None:  # noqa: N802 - http.server names
             path = self._path()
             if match := re.fullmatch(JOBS + r"/([\w-]+)", path):
                 if api.jobs.pop(match.group(1), None) is None:
@@ -90,26 +77,14 @@ def handler_for(api: FakeApi) -> type[http.server.BaseHTTPRequestHandler]:
                 return self._send(200, {"kind": "Status", "status": "Success"})
             return self._send(404, {"code": 404})
 
-        def log_message(self, *args: object) -> None:
-            pass
-
     return Handler
 
 
 @pytest.fixture
 def fake() -> Iterator[tuple[FakeApi, Any]]:
-    from kubernetes import client
-
     api = FakeApi()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_for(api))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = client.Configuration()
-    config.host = f"http://127.0.0.1:{server.server_port}"
-    try:
-        yield api, client.ApiClient(config)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with kube_client(handler_for(api)) as client:
+        yield api, client
 
 
 def gang(gang_id: str = "digits/manual__2026-11-23T12:00:00+00:00/train") -> GangJob:
