@@ -22,18 +22,17 @@ from tideflow.operators.broker_triggers import BrokerDecisionTrigger, CapacityTr
 def _state() -> tuple[dict[str, Any], str, str, str | None]:
     from dataclasses import asdict
 
-    from tideflow.broker.service import BrokerSettings, default_paths
+    from tideflow.broker.service import BrokerSettings
     from tideflow.config import Settings
 
     settings = BrokerSettings.from_env()
     if settings is None:
         raise AirflowException(
             "tideflow broker: TIDEFLOW_BROKER_LOAD is not set (trace:PATH.csv, "
-            "prometheus:URL|QUERY or synthetic:MEAN_RPS), nor TIDEFLOW_BROKER_PER_GPU_RPS"
+            "prometheus:URL|QUERY or synthetic:MEAN_RPS)"
         )
-    ledger, journal = default_paths()
-    cluster = Settings.from_env().cluster_file
-    return asdict(settings), str(ledger), str(journal), str(cluster) if cluster else None
+    paths = Settings.from_env()
+    return asdict(settings), str(paths.ledger_path), str(paths.broker_journal_path), paths.cluster
 
 
 class InferenceLoadSensor(BaseSensorOperator):
@@ -89,11 +88,11 @@ class RebalanceOperator(BaseOperator):
     ui_color = "#fad7a0"
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from pathlib import Path
+
         from tideflow.broker.service import BrokerSettings, open_local, rebalance_once
 
         settings, ledger, journal, cluster = _state()
-        from pathlib import Path
-
         load, actuator, config, book = open_local(
             BrokerSettings(**settings), Path(ledger), Path(journal), cluster
         )
@@ -156,8 +155,7 @@ class GpuCapacitySensor(BaseSensorOperator):
         from tideflow.config import Settings
 
         settings = Settings.from_env()
-        cluster = settings.cluster_file
-        return str(settings.home / "leases.db"), str(cluster) if cluster else None
+        return str(settings.ledger_path), settings.cluster
 
     def poke(self, context: Context) -> bool:
         ledger, cluster = self._paths()

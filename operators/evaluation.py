@@ -63,8 +63,8 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
             "gang_id": gang_id_for(self.dag_id, context["run_id"], self.task_id),
             "team": self.team,
             "holder": holder_name(),
-            "ledger_path": str(settings.home / "leases.db"),
-            "cluster_file": str(settings.cluster_file) if settings.cluster_file else None,
+            "ledger_path": str(settings.ledger_path),
+            "cluster_file": settings.cluster,
         }
 
     def execute(self, context: Context) -> Any:

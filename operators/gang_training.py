@@ -84,8 +84,7 @@ class GangTrainingOperator(TideflowOperator):
         from tideflow.config import Settings
 
         settings = Settings.from_env()
-        cluster = str(settings.cluster_file) if settings.cluster_file else None
-        return settings.home / "leases.db", settings.home / "gangs", cluster
+        return settings.ledger_path, settings.gangs_dir, settings.cluster
 
     def _config(self) -> dict[str, Any]:
         return {

@@ -125,19 +125,18 @@ def build_overview(user: Any) -> Overview:
     settings = Settings.from_env()
     try:
         usage = device_usage(
-            settings.home / "leases.db",
+            settings.ledger_path,
             time.time() - USAGE_WINDOW_DAYS * 86400,
-            str(settings.cluster_file) if settings.cluster_file else None,
+            settings.cluster,
         )
     except Exception as exc:
         problems.append(f"the lease ledger could not be read: {exc}")
         usage = []
     now = time.time()
-    cluster = str(settings.cluster_file) if settings.cluster_file else None
-    journal = settings.home / "broker.db"
+    journal = settings.broker_journal_path
     try:
         broker = broker_timeline(journal, now - 86400)
-        leases = current_leases(settings.home / "leases.db", cluster, now)
+        leases = current_leases(settings.ledger_path, settings.cluster, now)
     except Exception as exc:
         problems.append(f"the broker's state could not be read: {exc}")
         broker, leases = [], []

@@ -173,3 +173,17 @@ def test_broker_run_once_takes_one_step_and_records_it(
     assert entry.action == "grow"
     assert main(["broker", "run", "--once", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("hold: 16 inference GPUs of 16")
+
+
+def test_broker_settings_name_what_is_missing(
+    broker_env: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tideflow.cli import main
+
+    monkeypatch.delenv("TIDEFLOW_BROKER_PER_GPU_RPS")
+    assert main(["broker", "run", "--once"]) == 2
+    assert "TIDEFLOW_BROKER_PER_GPU_RPS must be > 0" in capsys.readouterr().err
+    monkeypatch.setenv("TIDEFLOW_BROKER_NODE_GPUS", "eight")
+    monkeypatch.setenv("TIDEFLOW_BROKER_PER_GPU_RPS", "10")
+    assert main(["broker", "run", "--once"]) == 2
+    assert "'NODE_GPUS': 'eight'" in capsys.readouterr().err

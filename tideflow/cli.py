@@ -184,21 +184,25 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
 def cmd_broker_run(args: argparse.Namespace) -> int:
     import time as clock
 
-    from tideflow.broker.service import BrokerSettings, default_paths, open_local, rebalance_once
+    from tideflow.broker.service import BrokerSettings, open_local, rebalance_once
     from tideflow.config import Settings
 
-    settings = BrokerSettings.from_env()
-    if settings is None or settings.per_gpu_rps <= 0:
+    try:
+        settings = BrokerSettings.from_env()
+    except ValueError as exc:
+        print(f"tideflow broker run: {exc}", file=sys.stderr)
+        return 2
+    if settings is None:
         print(
             "tideflow broker run: set TIDEFLOW_BROKER_LOAD (trace:PATH.csv, "
             "prometheus:URL|QUERY or synthetic:MEAN_RPS) and TIDEFLOW_BROKER_PER_GPU_RPS",
             file=sys.stderr,
         )
         return 2
-    ledger, journal = default_paths()
-    cluster = Settings.from_env().cluster_file
+    paths = Settings.from_env()
+    ledger, journal = paths.ledger_path, paths.broker_journal_path
     load, actuator, config, book = (
-        open_local(settings, ledger, journal, str(cluster) if cluster else None)
+        open_local(settings, ledger, journal, paths.cluster)
         if args.backend == "local"
         else _kubernetes_broker(settings, journal)
     )

@@ -36,3 +36,21 @@ class Settings:
             ).rstrip("/"),
             mlflow_tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
         )
+
+    # State shared by every Airflow process (and the broker) on one installation.
+    @property
+    def ledger_path(self) -> Path:
+        return self.home / "leases.db"
+
+    @property
+    def broker_journal_path(self) -> Path:
+        return self.home / "broker.db"
+
+    @property
+    def gangs_dir(self) -> Path:
+        return self.home / "gangs"
+
+    @property
+    def cluster(self) -> str | None:
+        """The cluster inventory file as a string (for triggers' JSON kwargs), or None."""
+        return str(self.cluster_file) if self.cluster_file else None

@@ -95,17 +95,33 @@ class BrokerSettings:
         load = os.environ.get("TIDEFLOW_BROKER_LOAD")
         if not load:
             return None
+        values: dict[str, str] = {}
         try:
-            return cls(
+            for name, default in (
+                ("PER_GPU_RPS", ""),
+                ("NODE_GPUS", "8"),
+                ("MIN_INFERENCE_GPUS", "0"),
+                ("GRACE_S", "300"),
+            ):
+                values[name] = os.environ.get(f"TIDEFLOW_BROKER_{name}", default)
+            settings = cls(
                 load=load,
-                per_gpu_rps=float(os.environ.get("TIDEFLOW_BROKER_PER_GPU_RPS", "0")),
-                node_gpus=int(os.environ.get("TIDEFLOW_BROKER_NODE_GPUS", "8")),
+                per_gpu_rps=float(values["PER_GPU_RPS"] or 0),
+                node_gpus=int(values["NODE_GPUS"]),
                 device_class=os.environ.get("TIDEFLOW_BROKER_DEVICE_CLASS", "gpu"),
-                min_inference_gpus=int(os.environ.get("TIDEFLOW_BROKER_MIN_INFERENCE_GPUS", "0")),
-                grace_s=float(os.environ.get("TIDEFLOW_BROKER_GRACE_S", "300")),
+                min_inference_gpus=int(values["MIN_INFERENCE_GPUS"]),
+                grace_s=float(values["GRACE_S"]),
             )
-        except ValueError as exc:
-            raise ValueError(f"tideflow broker settings: {exc}") from None
+        except ValueError:
+            raise ValueError(
+                f"tideflow broker settings: TIDEFLOW_BROKER_* must be numbers (got {values})"
+            ) from None
+        if settings.per_gpu_rps <= 0:
+            raise ValueError(
+                "tideflow broker settings: TIDEFLOW_BROKER_PER_GPU_RPS must be > 0 "
+                "(requests/s one inference GPU serves within its latency SLO)"
+            )
+        return settings
 
 
 def policy_config(settings: BrokerSettings, total_gpus: int) -> PolicyConfig:
@@ -202,11 +218,3 @@ def rebalance_once(
         applied=applied.note if applied else "",
     )
     return decision, applied
-
-
-def default_paths() -> tuple[Path, Path]:
-    """(lease ledger, decision journal) under TIDEFLOW_HOME."""
-    from tideflow.config import Settings
-
-    home = Settings.from_env().home
-    return home / "leases.db", home / "broker.db"
