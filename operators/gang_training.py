@@ -9,6 +9,12 @@ Flow of one task try:
                     failed: release and fail the task with the gang's reason
 A retried task recomputes the same gang id, so it reattaches to a gang that is
 still running, or resumes from the newest committed checkpoint.
+
+With ``TIDEFLOW_BACKEND=kubernetes`` the cluster's gang scheduler (Volcano or
+Kueue) admits and places the gang instead of the lease ledger:
+  execute  -> the gang's object exists? reattach; else create it once;
+              defer to ClusterGangTrigger
+  gang_finished -> as above (the gang scheduler restarts evicted gangs itself)
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
-from tideflow.operators.triggers import GangTrigger, LeaseTrigger
+from tideflow.operators.triggers import ClusterGangTrigger, GangTrigger, LeaseTrigger
 
 DEFAULT_WAIT_S = 7 * 24 * 3600
 
@@ -80,6 +86,11 @@ class GangTrainingOperator(TideflowOperator):
 
         return gang_id_for(self.dag_id, context["run_id"], self.task_id)
 
+    def _on_cluster(self) -> bool:
+        from tideflow.config import Settings
+
+        return Settings.from_env().backend == "kubernetes"
+
     def _paths(self) -> tuple[Path, Path, str | None]:
         from tideflow.config import Settings
 
@@ -107,6 +118,8 @@ class GangTrainingOperator(TideflowOperator):
         from tideflow.gangs import build_request, holder_name, open_ledger, request_to_dict
         from tideflow.scheduling import Lease
 
+        if self._on_cluster():
+            return self._execute_on_cluster(context)
         gang_id = self._gang_id(context)
         ledger_path, state_dir, cluster = self._paths()
         running = LocalBackend(state_dir).reattach(gang_id)
@@ -174,6 +187,59 @@ class GangTrainingOperator(TideflowOperator):
         self.log.info("tideflow: lease %s granted: %s", lease.lease_id, placement)
         LocalBackend(state_dir).submit(job)
         return self._defer_to_gang(context, job.gang_id)
+
+    def _execute_on_cluster(self, context: Context) -> Any:
+        from tideflow.gangs import build_cluster_job, checkpoint_env
+        from tideflow.operators.cluster import cluster_backend
+
+        gang_id = self._gang_id(context)
+        backend = cluster_backend()
+        running = backend.reattach(gang_id)
+        if running is not None:
+            self.log.info(
+                "tideflow: gang %s already exists on the cluster (%s); reattaching",
+                gang_id,
+                running.state,
+            )
+            return self._defer_to_cluster_gang(context, gang_id)
+        if isinstance(self.entrypoint, str):
+            raise AirflowFailException(
+                f"tideflow: step '{self.task_id}': entry point {self.entrypoint!r} is "
+                "module:function; on Kubernetes a gang step needs a command entry point "
+                "(a list such as [python, -m, my.module])"
+            )
+        ctx = self.step_context(context)
+        store = self.checkpoint.get("store") or f"{ctx.artifact_root}/{ctx.run_prefix}/checkpoints"
+        env = {**{k: str(v) for k, v in self.env.items()}, **checkpoint_env(self.checkpoint, store)}
+        env["TIDEFLOW_GANG_ID"] = gang_id
+        env.update(self._tracking_env(context, ctx))
+        job = build_cluster_job(
+            gang_id,
+            self.team,
+            {**self._config(), "workers": int(self.workers)},
+            command=[str(part) for part in self.entrypoint],
+            env=env,
+            max_restarts=int(self.max_restarts),
+        )
+        status = backend.submit(job)
+        self.log.info(
+            "tideflow: gang %s submitted to %s as %s/%s (%d worker(s)): %s",
+            gang_id,
+            backend.settings.gang_scheduler,
+            backend.settings.namespace,
+            backend.job_name(gang_id),
+            job.workers,
+            status.state,
+        )
+        return self._defer_to_cluster_gang(context, gang_id)
+
+    def _defer_to_cluster_gang(self, context: Context, gang_id: str) -> None:
+        self.defer(
+            trigger=ClusterGangTrigger(
+                gang_id=gang_id, deadline=self._deadline(context), poll_s=self.gang_poll_s
+            ),
+            method_name="gang_finished",
+        )
 
     def _tracking_env(self, context: Context, ctx: Any) -> dict[str, str]:
         """MLflow runs for this DAG run and step; rank 0 of the gang logs into the step's run."""
@@ -249,14 +315,14 @@ class GangTrainingOperator(TideflowOperator):
 
         gang_id = self._gang_id(context)
         ledger_path, _, cluster = self._paths()
-        ledger = open_ledger(ledger_path, cluster)
-        lease = ledger.lease_for(gang_id)
+        ledger = None if self._on_cluster() else open_ledger(ledger_path, cluster)
+        lease = ledger.lease_for(gang_id) if ledger is not None else None
         if event["status"] == "unknown":
             raise AirflowException(f"tideflow: the backend does not know gang {gang_id}")
         status = GangStatus.from_json(event["gang"])
         if event["status"] == "timeout":
             raise AirflowException(f"tideflow: gang {gang_id} still {status.state} at deadline")
-        if lease is not None:
+        if ledger is not None and lease is not None:
             ledger.release(lease.lease_id)
         self.log.info(
             "tideflow: gang %s %s after %d restart(s), %.3f device-hours",

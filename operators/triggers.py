@@ -135,6 +135,54 @@ class GangTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_s)
 
 
+class ClusterGangTrigger(BaseTrigger):
+    """Follows a gang on Kubernetes (Volcano Job or JobSet) until it finishes.
+
+    Logs each change of state or restart count; the workers' own output is in
+    their pods' logs (``kubectl logs -l tideflow.io/gang=...``).
+    """
+
+    def __init__(self, *, gang_id: str, deadline: float, poll_s: float = 10.0) -> None:
+        super().__init__()
+        self.gang_id = gang_id
+        self.deadline = deadline
+        self.poll_s = poll_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{MODULE}.ClusterGangTrigger", {
+            "gang_id": self.gang_id,
+            "deadline": self.deadline,
+            "poll_s": self.poll_s,
+        }
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from tideflow.operators.cluster import cluster_backend
+
+        backend = await asyncio.to_thread(cluster_backend)
+        seen = None
+        while True:
+            status = await asyncio.to_thread(backend.status, self.gang_id)
+            if status is None:
+                yield TriggerEvent({"status": "unknown", "gang_id": self.gang_id})
+                return
+            if (status.state, status.restarts) != seen:
+                seen = (status.state, status.restarts)
+                self.log.info(
+                    "tideflow: gang %s is %s (%d restart(s)): %s",
+                    self.gang_id,
+                    status.state,
+                    status.restarts,
+                    status.message,
+                )
+            if status.state.finished:
+                yield TriggerEvent({"status": "finished", "gang": status.to_json()})
+                return
+            if time.time() >= self.deadline:
+                yield TriggerEvent({"status": "timeout", "gang": status.to_json()})
+                return
+            await asyncio.sleep(self.poll_s)
+
+
 class DeviceTrigger(BaseTrigger):
     """Polls for the first device of a preference list (evaluation steps)."""
 

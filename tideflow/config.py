@@ -15,6 +15,16 @@ def _home() -> Path:
     return Path(os.environ.get("TIDEFLOW_HOME", Path.cwd() / ".tideflow")).resolve()
 
 
+BACKENDS = ("local", "kubernetes")
+
+
+def _backend() -> str:
+    backend = os.environ.get("TIDEFLOW_BACKEND", "local")
+    if backend not in BACKENDS:
+        raise ValueError(f"TIDEFLOW_BACKEND={backend!r}: accepted: {', '.join(BACKENDS)}")
+    return backend
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -22,6 +32,9 @@ class Settings:
     cluster_file: Path | None
     artifact_root: str
     mlflow_tracking_uri: str | None
+    # Where gang steps run: "local" (processes on this machine, the lease
+    # ledger) or "kubernetes" (a Volcano Job or a Kueue JobSet; TIDEFLOW_K8S_*).
+    backend: str = "local"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -35,6 +48,7 @@ class Settings:
                 "TIDEFLOW_ARTIFACT_ROOT", (home / "artifacts").as_uri()
             ).rstrip("/"),
             mlflow_tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
+            backend=_backend(),
         )
 
     # State shared by every Airflow process (and the broker) on one installation.

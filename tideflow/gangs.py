@@ -97,5 +97,37 @@ def build_job(
     )
 
 
+def build_cluster_job(
+    gang_id: str,
+    team: str,
+    config: dict[str, Any],
+    *,
+    command: list[str],
+    env: dict[str, str],
+    max_restarts: int,
+) -> GangJob:
+    """A gang for a cluster's gang scheduler: it places the workers, so no lease and no nodes.
+
+    The command is kept as written (``python`` is the image's interpreter,
+    not this process's).
+    """
+    per_worker = int(config["devices_per_worker"])
+    device = config["device"]
+    return GangJob(
+        gang_id=gang_id,
+        command=tuple(str(part) for part in command),
+        env=env,
+        slots=tuple(
+            WorkerSlot(rank, "", tuple(range(per_worker))) for rank in range(int(config["workers"]))
+        ),
+        device_class=device["class"],
+        emulated=False,
+        max_restarts=max_restarts,
+        team=team,
+        model=device.get("model"),
+        priority=int(config.get("priority", 0)),
+    )
+
+
 def holder_name() -> str:
     return f"{os.uname().nodename}:{os.getpid()}:{Path(sys.argv[0]).name}"

@@ -1,23 +1,28 @@
-"""The Kubernetes gang backend: a gang is a Volcano Job, admitted whole or not at all.
+"""The Kubernetes gang backend: a gang is admitted whole by the cluster's gang scheduler.
 
-Same protocol as the local backend. The Job's name is derived from the gang id,
-so a retried Airflow task (or a restarted worker) finds the Job it created
-instead of creating a second one. Status comes from the Job's ``status.state``;
-preempting evicts the gang's pods through the Eviction API (they get their
-termination grace to checkpoint and exit 75, and Volcano restarts the gang when
-its queue has room again); cancelling deletes the Job and its pods.
+Same protocol as the local backend. Per cluster (``KubeSettings.gang_scheduler``)
+a gang is a Volcano Job (``volcano``) or a JobSet admitted by Kueue (``kueue``).
+The object's name is derived from the gang id, so a retried Airflow task (or a
+restarted worker) finds the object it created instead of creating a second one.
+Status comes from the object's status; preempting evicts the gang's pods
+through the Eviction API (PodDisruptionBudgets hold; the pods get their
+termination grace to checkpoint and exit 75, and the gang scheduler restarts
+the gang when its queue has room again); cancelling deletes the object and,
+in the foreground, its pods.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
+from tideflow.kube.jobset import gang_jobset
 from tideflow.kube.names import dns_label
 from tideflow.kube.volcano import GangShape, KubeSettings, gang_volcano_job
 
-GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
-PHASES = {
+VOLCANO_PHASES = {
     "Pending": GangState.PENDING,
     "Running": GangState.RUNNING,
     "Restarting": GangState.RUNNING,
@@ -31,6 +36,61 @@ PHASES = {
 }
 
 
+def _volcano_status(gang_id: str, obj: dict[str, Any]) -> GangStatus:
+    status = obj.get("status") or {}
+    state = status.get("state") or {}
+    phase = state.get("phase", "Pending")
+    return GangStatus(
+        gang_id,
+        VOLCANO_PHASES.get(phase, GangState.PENDING),
+        int(status.get("retryCount", 0)),
+        state.get("message", "") or phase,
+    )
+
+
+def _jobset_status(gang_id: str, obj: dict[str, Any]) -> GangStatus:
+    status = obj.get("status") or {}
+    conditions = {
+        c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"
+    }
+    restarts = int(status.get("restarts", 0))
+    for kind, state in (("Completed", GangState.SUCCEEDED), ("Failed", GangState.FAILED)):
+        if kind in conditions:
+            message = conditions[kind].get("message") or kind
+            return GangStatus(gang_id, state, restarts, message)
+    if "Suspended" in conditions:  # Kueue has not admitted it (yet): no pod runs
+        message = conditions["Suspended"].get("message") or "waiting for Kueue admission"
+        return GangStatus(gang_id, GangState.PENDING, restarts, message)
+    active = sum(int(j.get("active", 0)) for j in status.get("replicatedJobsStatus") or [])
+    state = GangState.RUNNING if active else GangState.PENDING
+    return GangStatus(gang_id, state, restarts, "running" if active else "pending")
+
+
+@dataclass(frozen=True)
+class GangKind:
+    """Where a gang scheduler's objects live and how their status reads."""
+
+    group: str
+    version: str
+    plural: str
+    build: Callable[[GangShape, str, KubeSettings], dict[str, Any]]
+    read_status: Callable[[str, dict[str, Any]], GangStatus]
+
+
+GANG_KINDS = {
+    "volcano": GangKind("batch.volcano.sh", "v1alpha1", "jobs", gang_volcano_job, _volcano_status),
+    "kueue": GangKind("jobset.x-k8s.io", "v1alpha2", "jobsets", gang_jobset, _jobset_status),
+}
+
+
+def gang_kind(scheduler: str) -> GangKind:
+    if scheduler not in GANG_KINDS:
+        raise ValueError(
+            f"gang scheduler {scheduler!r} is not supported; accepted: {', '.join(GANG_KINDS)}"
+        )
+    return GANG_KINDS[scheduler]
+
+
 class KubernetesBackend:
     def __init__(self, api_client: Any, settings: KubeSettings) -> None:
         from kubernetes import client
@@ -38,6 +98,7 @@ class KubernetesBackend:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.settings = settings
+        self.kind = gang_kind(settings.gang_scheduler)
 
     def job_name(self, gang_id: str) -> str:
         return dns_label(gang_id, limit=47)
@@ -57,14 +118,14 @@ class KubernetesBackend:
             priority=job.priority,
             max_restarts=job.max_restarts,
         )
-        return gang_volcano_job(shape, job.gang_id, self.settings)
+        return self.kind.build(shape, job.gang_id, self.settings)
 
     def _get(self, gang_id: str) -> dict[str, Any] | None:
         from kubernetes.client.rest import ApiException
 
         try:
             found: dict[str, Any] = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.settings.namespace, PLURAL, self.job_name(gang_id)
+                *self._where(), self.job_name(gang_id)
             )
             return found
         except ApiException as exc:
@@ -72,16 +133,11 @@ class KubernetesBackend:
                 return None
             raise
 
+    def _where(self) -> tuple[str, str, str, str]:
+        return self.kind.group, self.kind.version, self.settings.namespace, self.kind.plural
+
     def _status(self, gang_id: str, obj: dict[str, Any]) -> GangStatus:
-        status = obj.get("status") or {}
-        phase = (status.get("state") or {}).get("phase", "Pending")
-        message = (status.get("state") or {}).get("message", "") or phase
-        return GangStatus(
-            gang_id,
-            PHASES.get(phase, GangState.PENDING),
-            int(status.get("retryCount", 0)),
-            message,
-        )
+        return self.kind.read_status(gang_id, obj)
 
     def submit(self, job: GangJob) -> GangStatus:
         from kubernetes.client.rest import ApiException
@@ -91,7 +147,7 @@ class KubernetesBackend:
             return self._status(job.gang_id, existing)
         try:
             created = self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.settings.namespace, PLURAL, self.manifest(job)
+                *self._where(), self.manifest(job)
             )
         except ApiException as exc:
             if exc.status != 409:  # 409: created meanwhile by another attempt
@@ -112,12 +168,7 @@ class KubernetesBackend:
 
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                self.settings.namespace,
-                PLURAL,
-                self.job_name(gang_id),
-                propagation_policy="Foreground",
+                *self._where(), self.job_name(gang_id), propagation_policy="Foreground"
             )
         except ApiException as exc:
             if exc.status != 404:

@@ -66,17 +66,6 @@ def target_from_env() -> ClusterTarget:
     )
 
 
-def connect() -> Any:
-    """An API client: in-cluster credentials (the broker's ServiceAccount), else kubeconfig."""
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
-
-
 @dataclass(frozen=True)
 class KubernetesApplied:
     inference_gpus: int

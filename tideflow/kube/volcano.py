@@ -32,6 +32,7 @@ class KubeSettings:
     mlflow_tracking_uri: str = "http://mlflow.tideflow:5000"
     artifact_root: str = "s3://tideflow/artifacts"
     termination_grace_s: int = 300
+    gang_scheduler: str = "volcano"  # or "kueue": a JobSet admitted by Kueue
     master_port: int = 29500
     priority_classes: tuple[tuple[int, str], ...] = (
         (1, "tideflow-training-high"),
@@ -69,17 +70,17 @@ class GangShape:
     max_restarts: int
 
 
-def volcano_job(
+def gang_shape(
     plan: DagPlan, task: TaskPlan, *, run_id: str, settings: KubeSettings
-) -> dict[str, Any]:
-    """The Job of a compiled, rendered gang step of one DAG run."""
+) -> tuple[GangShape, str]:
+    """The shape and gang id of a compiled, rendered gang step of one DAG run."""
     if task.kind != "gang_training":
         raise ValueError(f"step {task.task_id!r} is {task.kind}, not gang_training")
     config = task.config
     workers = config["workers"]
     if not isinstance(workers, int):
         raise ValueError(
-            f"step {task.task_id!r}: workers is {workers!r}; a Volcano Job needs a number "
+            f"step {task.task_id!r}: workers is {workers!r}; a gang object needs a number "
             "(render the run's params first)"
         )
     entrypoint = config["entrypoint"]
@@ -103,33 +104,41 @@ def volcano_job(
         "tideflow.io/step": dns_label(task.task_id),
         "tideflow.io/run": dns_label(run_id),
     }
-    return gang_volcano_job(
-        GangShape(
-            name=dns_label(plan.dag_id, task.task_id, run_id, limit=47),
-            labels=labels,
-            command=[str(part) for part in entrypoint],
-            env=env,
-            workers=workers,
-            device_class=config["device"]["class"],
-            devices_per_worker=int(config["devices_per_worker"]),
-            model=config["device"].get("model"),
-            team=plan.team,
-            priority=int(config.get("priority", 0)),
-            max_restarts=int(config.get("max_restarts", 0)),
-        ),
-        gang_id,
-        settings,
+    shape = GangShape(
+        name=dns_label(plan.dag_id, task.task_id, run_id, limit=47),
+        labels=labels,
+        command=[str(part) for part in entrypoint],
+        env=env,
+        workers=workers,
+        device_class=config["device"]["class"],
+        devices_per_worker=int(config["devices_per_worker"]),
+        model=config["device"].get("model"),
+        team=plan.team,
+        priority=int(config.get("priority", 0)),
+        max_restarts=int(config.get("max_restarts", 0)),
     )
+    return shape, gang_id
 
 
-def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[str, Any]:
-    """The Volcano Job for a gang of ``shape.workers`` pods, all or none."""
-    name = shape.name
-    labels = {
+def volcano_job(
+    plan: DagPlan, task: TaskPlan, *, run_id: str, settings: KubeSettings
+) -> dict[str, Any]:
+    """The Volcano Job of a compiled, rendered gang step of one DAG run."""
+    shape, gang_id = gang_shape(plan, task, run_id=run_id, settings=settings)
+    return gang_volcano_job(shape, gang_id, settings)
+
+
+def gang_labels(shape: GangShape, gang_id: str) -> dict[str, str]:
+    """Labels on the gang object and its pods; the broker finds a gang's pods by ``gang``."""
+    return {
         **shape.labels,
         "tideflow.io/gang": dns_label(gang_id),
         "tideflow.io/team": dns_label(shape.team),
     }
+
+
+def gang_pod_spec(shape: GangShape, settings: KubeSettings, *, master_addr: str) -> dict[str, Any]:
+    """One worker's pod: its devices, rendezvous env, restricted security, grace to checkpoint."""
     resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
     resource = DEVICE_RESOURCES.get(shape.device_class)
     if resource:
@@ -139,7 +148,7 @@ def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> 
         resources["requests"]["cpu"] = str(shape.devices_per_worker)
     env = [
         {"name": "WORLD_SIZE", "value": str(shape.workers)},
-        {"name": "MASTER_ADDR", "value": f"{name}-worker-0.{name}"},
+        {"name": "MASTER_ADDR", "value": master_addr},
         {"name": "MASTER_PORT", "value": str(settings.master_port)},
         {"name": "TIDEFLOW_DEVICE_CLASS", "value": shape.device_class},
         *({"name": k, "value": v} for k, v in shape.env.items()),
@@ -156,8 +165,9 @@ def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> 
     if settings.store_secret:
         container["envFrom"] = [{"secretRef": {"name": settings.store_secret}}]
     pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",  # the Job's policies restart the whole gang, never one pod
+        "restartPolicy": "Never",  # the gang restarts whole, never one pod
         "terminationGracePeriodSeconds": settings.termination_grace_s,
+        "priorityClassName": settings.priority_class(shape.priority),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 10001,
@@ -167,6 +177,16 @@ def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> 
     }
     if shape.model and shape.device_class in MODEL_LABELS:
         pod_spec["nodeSelector"] = {MODEL_LABELS[shape.device_class]: shape.model}
+    return pod_spec
+
+
+def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[str, Any]:
+    """The Volcano Job for a gang of ``shape.workers`` pods, all or none."""
+    name = shape.name
+    labels = gang_labels(shape, gang_id)
+    pod_spec = gang_pod_spec(shape, settings, master_addr=f"{name}-worker-0.{name}")
+    # Volcano sets the pods' priority from the Job's priorityClassName.
+    pod_spec.pop("priorityClassName")
     return {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",

@@ -44,8 +44,14 @@ def device_for_class(device_class: str, local_rank: int = 0) -> tuple[torch.devi
 
 def init_distributed() -> DistInfo:
     """Join the gang's process group (gloo on CPU, NCCL on GPU); single process if alone."""
-    # Volcano's env plugin numbers the workers as VC_TASK_INDEX; elsewhere RANK is set.
-    rank = int(os.environ.get("RANK") or os.environ.get("VC_TASK_INDEX") or "0")
+    # Volcano's env plugin numbers the workers VC_TASK_INDEX, an Indexed Job (JobSet
+    # under Kueue) JOB_COMPLETION_INDEX; the local backend and torchrun set RANK.
+    rank = int(
+        os.environ.get("RANK")
+        or os.environ.get("VC_TASK_INDEX")
+        or os.environ.get("JOB_COMPLETION_INDEX")
+        or "0"
+    )
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device_class = os.environ.get("TIDEFLOW_DEVICE_CLASS", "cpu")

@@ -1,0 +1,219 @@
+"""GangTrainingOperator with ``TIDEFLOW_BACKEND=kubernetes``, through Airflow's real ``dag.test()``.
+
+The pipeline file is the same one that runs locally: only configuration sends
+its gang step to the cluster. No API server (or Volcano/Kueue controller) can
+run here, so the operator and its trigger talk, through the official client
+and a kubeconfig or an Airflow connection, to an HTTP-level fake of the
+Kubernetes API on 127.0.0.1 that plays the controller: a Job it is asked for
+goes Pending -> Running -> Completed as it is polled.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fake_kube import JsonHandler
+from tests.test_gang_operator import run_dag, states
+from tideflow.kube.settings import kube_settings_from_env
+
+JOBS = (
+    r"/apis/(batch\.volcano\.sh/v1alpha1|jobset\.x-k8s\.io/v1alpha2)/namespaces/ml/(jobs|jobsets)"
+)
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.polls: dict[str, int] = {}
+        self.posts: list[str] = []
+
+
+def handler_for(cluster: Cluster) -> type[http.server.BaseHTTPRequestHandler]:
+    volcano = ["Pending", "Running", "Completed"]
+
+    class Handler(JsonHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server names
+            path, body = self.path.split("?", 1)[0], self._body()
+            if not re.fullmatch(JOBS, path):
+                return self._send(404, {"kind": "Status", "code": 404})
+            cluster.posts.append(path)
+            name = body["metadata"]["name"]
+            cluster.objects[name] = body
+            cluster.polls[name] = 0
+            return self._send(201, body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server names
+            match = re.fullmatch(JOBS + r"/([\w-]+)", self.path.split("?", 1)[0])
+            if not match or match.group(3) not in cluster.objects:
+                return self._send(404, {"kind": "Status", "code": 404})
+            name = match.group(3)
+            obj = cluster.objects[name]
+            step = min(cluster.polls[name], 2)
+            cluster.polls[name] += 1
+            if obj["kind"] == "Job":
+                status: dict[str, Any] = {"state": {"phase": volcano[step]}}
+            else:
+                status = [
+                    {"conditions": [{"type": "Suspended", "status": "True"}]},
+                    {"replicatedJobsStatus": [{"name": "worker", "active": 1}]},
+                    {"conditions": [{"type": "Completed", "status": "True"}]},
+                ][step]
+            return self._send(200, obj | {"status": status})
+
+    return Handler
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    state = Cluster()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_for(state))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "fake",
+                        "cluster": {"server": f"http://127.0.0.1:{server.server_port}"},
+                    }
+                ],
+                "users": [{"name": "tester", "user": {"token": "not-a-secret"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("TIDEFLOW_BACKEND", "kubernetes")
+    monkeypatch.setenv("TIDEFLOW_K8S_NAMESPACE", "ml")
+    monkeypatch.setenv("TIDEFLOW_K8S_IMAGE", "registry.example.com/vision/train:7")
+    monkeypatch.delenv("TIDEFLOW_K8S_CONN_ID", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def pipeline(tmp_path: Path, entrypoint: str = "[python, -m, vision.train]") -> Path:
+    path = tmp_path / "cluster-gang.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        apiVersion: tideflow/v1
+        kind: Pipeline
+        metadata: {{name: cluster-gang, team: vision}}
+        steps:
+          - name: train
+            gang_training:
+              entrypoint: {entrypoint}
+              workers: 4
+              devices_per_worker: 8
+              device: {{class: gpu, model: H100}}
+              max_restarts: 2
+        """)
+    )
+    return path
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_gang_step_becomes_one_volcano_job_and_the_task_follows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster
+) -> None:
+    dag_run = run_dag(pipeline(tmp_path), monkeypatch)
+    assert states(dag_run) == {"train": "success"}
+    assert len(cluster.posts) == 1 and cluster.posts[0].endswith("/jobs")
+    (job,) = cluster.objects.values()
+    spec = job["spec"]
+    assert spec["minAvailable"] == 4 and spec["queue"] == "vision" and spec["maxRetry"] == 2
+    pod = spec["tasks"][0]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example.com/vision/train:7"
+    assert container["command"] == ["python", "-m", "vision.train"]  # the image's python
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert (
+        env["TIDEFLOW_GANG_ID"].startswith("cluster-gang/")
+        and "/checkpoints" in env["TIDEFLOW_CHECKPOINT_URI"]
+    )
+    (ti,) = dag_run.get_task_instances()
+    assert ti.xcom_pull(task_ids="train")["checkpoint_store"] == env["TIDEFLOW_CHECKPOINT_URI"]
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_kueue_cluster_through_an_airflow_connection_gets_a_jobset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster
+) -> None:
+    kubeconfig = Path(os.environ["KUBECONFIG"])
+    monkeypatch.delenv("KUBECONFIG")  # only the connection knows the way
+    connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
+    monkeypatch.setenv("AIRFLOW_CONN_TIDEFLOW_K8S", json.dumps(connection))
+    monkeypatch.setenv("TIDEFLOW_K8S_CONN_ID", "tideflow_k8s")
+    monkeypatch.setenv("TIDEFLOW_K8S_GANG_SCHEDULER", "kueue")
+    dag_run = run_dag(pipeline(tmp_path), monkeypatch)
+    assert states(dag_run) == {"train": "success"}
+    (jobset,) = cluster.objects.values()
+    assert jobset["kind"] == "JobSet"
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "vision"
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_module_function_entry_point_is_refused_on_a_cluster_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster
+) -> None:
+    dag_run = run_dag(pipeline(tmp_path, "vision.train:main"), monkeypatch)
+    assert states(dag_run) == {"train": "failed"}
+    assert cluster.posts == []
+
+
+def test_bad_kubernetes_settings_name_the_variable_and_what_is_accepted() -> None:
+    with pytest.raises(ValueError, match="TIDEFLOW_K8S_GANG_SCHEDULER='slurm': accepted: volcano"):
+        kube_settings_from_env({"TIDEFLOW_K8S_GANG_SCHEDULER": "slurm"})
+    with pytest.raises(ValueError, match="TIDEFLOW_K8S_GRACE_S='5'"):
+        kube_settings_from_env({"TIDEFLOW_K8S_GRACE_S": "5"})
+    settings = kube_settings_from_env(
+        {"TIDEFLOW_K8S_STORE_SECRET": "", "MLFLOW_TRACKING_URI": "http://mlflow:5000"}
+    )
+    assert settings.store_secret == "" and settings.mlflow_tracking_uri == "http://mlflow:5000"
+
+
+def test_bad_backend_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tideflow.config import Settings
+
+    monkeypatch.setenv("TIDEFLOW_BACKEND", "k8s")
+    with pytest.raises(ValueError, match="TIDEFLOW_BACKEND='k8s': accepted: local, kubernetes"):
+        Settings.from_env()
+
+
+def test_cluster_gang_trigger_serializes_and_resumes_after_a_triggerer_restart(
+    cluster: Cluster,
+) -> None:
+    import time
+
+    from tests.test_kube_jobset import gang
+    from tests.trigger_helpers import first_event, round_trip
+    from tideflow.operators.cluster import cluster_backend
+    from tideflow.operators.triggers import ClusterGangTrigger
+
+    cluster_backend().submit(gang())
+    trigger = round_trip(
+        ClusterGangTrigger(gang_id=gang().gang_id, deadline=time.time() + 60, poll_s=0.05)
+    )
+    event = first_event(trigger)
+    assert event["status"] == "finished" and '"state": "succeeded"' in event["gang"]
+    missing = ClusterGangTrigger(gang_id="never/run/train", deadline=time.time() + 60)
+    assert first_event(round_trip(missing)) == {"status": "unknown", "gang_id": "never/run/train"}

@@ -1,0 +1,24 @@
+"""An API client for the official ``kubernetes`` package: in-cluster, else kubeconfig."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """In-cluster credentials (a pod's ServiceAccount) when there are any, else kubeconfig.
+
+    Each call builds its own ``Configuration`` instead of loading into the
+    package-wide default, so two clients in one process (an Airflow worker
+    running tasks for two clusters) do not overwrite each other.
+    """
+    from kubernetes import client, config
+
+    if kubeconfig is None and context is None:
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        except config.ConfigException:
+            pass
+    return config.new_client_from_config(config_file=kubeconfig, context=context)

@@ -1,0 +1,43 @@
+"""Where gang steps go on Kubernetes, from ``TIDEFLOW_K8S_*`` variables.
+
+Configuration, not pipeline YAML: the same pipeline runs on a laptop and on a
+cluster. Unset variables keep ``KubeSettings``' defaults; a bad value is
+refused with the variable's name and what is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from tideflow.kube.volcano import KubeSettings
+
+SCHEDULERS = ("volcano", "kueue")
+
+
+def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSettings:
+    env = os.environ if environ is None else environ
+    defaults = KubeSettings()
+    scheduler = env.get("TIDEFLOW_K8S_GANG_SCHEDULER", defaults.gang_scheduler)
+    if scheduler not in SCHEDULERS:
+        raise ValueError(
+            f"TIDEFLOW_K8S_GANG_SCHEDULER={scheduler!r}: accepted: {', '.join(SCHEDULERS)}"
+        )
+    grace = env.get("TIDEFLOW_K8S_GRACE_S", str(defaults.termination_grace_s))
+    if not grace.isdigit() or int(grace) < 30:
+        raise ValueError(
+            f"TIDEFLOW_K8S_GRACE_S={grace!r}: accepted: whole seconds >= 30 "
+            "(the time a worker has to write a checkpoint after SIGTERM)"
+        )
+    return KubeSettings(
+        namespace=env.get("TIDEFLOW_K8S_NAMESPACE", defaults.namespace),
+        image=env.get("TIDEFLOW_K8S_IMAGE", defaults.image),
+        # An empty value means no Secret: credentials come from the pod's identity (IRSA).
+        store_secret=env.get("TIDEFLOW_K8S_STORE_SECRET", defaults.store_secret),
+        mlflow_tracking_uri=env.get("TIDEFLOW_K8S_MLFLOW_URI")
+        or env.get("MLFLOW_TRACKING_URI")
+        or defaults.mlflow_tracking_uri,
+        artifact_root=env.get("TIDEFLOW_ARTIFACT_ROOT", defaults.artifact_root).rstrip("/"),
+        termination_grace_s=int(grace),
+        gang_scheduler=scheduler,
+    )
