@@ -157,6 +157,24 @@ def test_lent_capacity_is_whole_nodes_so_a_big_gang_can_use_it() -> None:
     assert decision.inference_gpus == 80
 
 
+def test_reclaim_stops_the_fewest_gpus_that_cover_the_need() -> None:
+    """Every stopped gang restarts on all its GPUs: 8 GPUs come from an 8-GPU gang, not a
+    64-GPU one, even when the big gang checkpointed more recently."""
+    gangs = (
+        GangView("big-fresh", 64, last_checkpoint_s=99_990.0),
+        GangView("small-stale", 8, last_checkpoint_s=98_000.0),
+        GangView("mid", 16, last_checkpoint_s=99_500.0),
+        GangView("high-small", 8, priority=5, last_checkpoint_s=99_999.0),
+    )
+    need_8 = decide(snap(gangs=gangs, forecast=forecast(2200.0)), CONFIG)  # wants 88: +8
+    assert [r.gang_id for r in need_8.reclaims] == ["small-stale"]
+    need_24 = decide(snap(gangs=gangs, forecast=forecast(2600.0)), CONFIG)  # wants 104: +24
+    assert sorted(r.gang_id for r in need_24.reclaims) == ["mid", "small-stale"]
+    need_88 = decide(snap(gangs=gangs, forecast=forecast(4200.0)), CONFIG)  # wants 168: +88
+    # all low-priority gangs give exactly 88: the high-priority gang keeps running
+    assert sorted(r.gang_id for r in need_88.reclaims) == ["big-fresh", "mid", "small-stale"]
+
+
 def test_elastic_gang_shrinks_to_its_minimum_instead_of_stopping() -> None:
     gangs = (GangView("elastic", 32, min_gpus=16, last_checkpoint_s=99_000.0),)
     decision = decide(snap(gangs=gangs, forecast=forecast(2200.0)), CONFIG)  # wants 88: +8

@@ -128,25 +128,50 @@ def _whole_nodes_up(gpus: int, config: PolicyConfig) -> int:
 
 
 def _victims(snapshot: Snapshot, gpus: int) -> list[Reclaim]:
-    """Gangs to reclaim for ``gpus`` GPUs: low priority, then least work lost, first."""
-    order = sorted(
-        snapshot.gangs,
-        key=lambda g: (g.priority, snapshot.now_s - g.last_checkpoint_s, g.gang_id),
-    )
-    chosen: list[Reclaim] = []
-    remaining = gpus
-    for gang in order:
-        if remaining <= 0:
-            break
-        at_risk = max(0.0, snapshot.now_s - gang.last_checkpoint_s)
+    """Gangs to reclaim for ``gpus`` GPUs, losing as little training as possible.
+
+    An elastic gang that can give enough by shrinking (within its minimum) is
+    asked first: it keeps running. Otherwise whole gangs are stopped, chosen by
+    priority (a higher-priority gang's GPUs count only when the lower ones
+    cannot cover the need), then by the fewest GPUs stopped, since every
+    stopped gang pays its start-up again on all of its GPUs: taking 8 GPUs
+    from a 64-GPU gang costs eight times what taking them from an 8-GPU gang
+    does. Ties go to the gang with the least work since its last checkpoint.
+    """
+    if gpus <= 0:
+        return []
+    for gang in sorted(snapshot.gangs, key=lambda g: (g.priority, g.gpus, g.gang_id)):
         spare = gang.gpus - (gang.min_gpus or gang.gpus)
-        if 0 < remaining <= spare:  # an elastic gang can give enough without stopping
-            chosen.append(Reclaim(gang.gang_id, remaining, False, 0.0))
-            remaining = 0
-            break
-        chosen.append(Reclaim(gang.gang_id, gang.gpus, True, at_risk))
-        remaining -= gang.gpus
-    return chosen
+        if 0 < gpus <= spare:  # an elastic gang can give enough without stopping
+            return [Reclaim(gang.gang_id, gpus, False, 0.0)]
+    tiers = sorted({g.priority for g in snapshot.gangs}, reverse=True)
+
+    def cost_of(gang: GangView) -> tuple[float, ...]:
+        at_risk = max(0.0, snapshot.now_s - gang.last_checkpoint_s)
+        stopped = tuple(float(gang.gpus if gang.priority == tier else 0) for tier in tiers)
+        return (*stopped, at_risk * gang.gpus)
+
+    # Min-cost cover (a small knapsack): best[g] = cheapest set freeing >= g GPUs,
+    # with g capped at the need. Costs compare tier by tier, highest priority first.
+    best: list[tuple[tuple[float, ...], tuple[GangView, ...]] | None] = [None] * (gpus + 1)
+    best[0] = ((0.0,) * (len(tiers) + 1), ())
+    for gang in sorted(snapshot.gangs, key=lambda g: g.gang_id):
+        cost = cost_of(gang)
+        for have in range(gpus, -1, -1):  # each gang at most once
+            entry = best[have]
+            if entry is None:
+                continue
+            reach = min(gpus, have + gang.gpus)
+            total = tuple(x + y for x, y in zip(entry[0], cost, strict=True))
+            current = best[reach]
+            if current is None or total < current[0]:
+                best[reach] = (total, (*entry[1], gang))
+    found = best[gpus]
+    chosen = found[1] if found is not None else tuple(snapshot.gangs)  # not enough: all
+    return [
+        Reclaim(g.gang_id, g.gpus, True, max(0.0, snapshot.now_s - g.last_checkpoint_s))
+        for g in sorted(chosen, key=lambda g: (g.priority, g.gpus, g.gang_id))
+    ]
 
 
 def decide(snapshot: Snapshot, config: PolicyConfig) -> Decision:
