@@ -33,6 +33,7 @@ class PolicyConfig:
     max_inference_gpus: int | None = None
     lead_s: float = 1800.0
     lend_horizon_s: float = 2 * 3600.0  # lent GPUs should stay lent at least this long
+    lend_quantile: float = 0.85  # lend what the load will likely not want back in that time
     cooldown_s: float = 3600.0
     shrink_margin_gpus: int | None = None  # default: one node
     checkpoint_grace_s: float = 300.0

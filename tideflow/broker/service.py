@@ -11,11 +11,13 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol
 
+from tideflow.broker.calibrate import SloCalibration, scaled
 from tideflow.broker.forecast import LoadForecaster, clean_outages
-from tideflow.broker.journal import DecisionJournal
+from tideflow.broker.journal import DecisionJournal, JournalEntry
 from tideflow.broker.load import (
     LoadSample,
     LoadSource,
@@ -39,6 +41,7 @@ class Actuator(Protocol):
 
 
 HISTORY_S = 8 * 86400.0
+CALIBRATION_S = 7 * 86400.0  # outcomes the SLO calibration replays
 
 
 class PeriodicTrace:
@@ -136,6 +139,20 @@ def policy_config(settings: BrokerSettings, total_gpus: int) -> PolicyConfig:
     )
 
 
+def coverage(entries: list[JournalEntry], window_s: float) -> list[bool]:
+    """Per load window, oldest first: did the inference GPUs held cover the load measured?
+
+    Each decision records the need measured over the window before it; the
+    GPUs held then are those the previous decision left. Decisions are more
+    frequent than load windows, so one outcome per window (its last decision).
+    """
+    outcomes: dict[int, bool] = {}
+    for before, entry in pairwise(entries):
+        if entry.needed is not None:
+            outcomes[int(entry.at_s // window_s)] = before.inference_gpus >= entry.needed
+    return [outcomes[k] for k in sorted(outcomes)]
+
+
 def observe(
     load: LoadSource,
     actuator: Actuator,
@@ -147,15 +164,19 @@ def observe(
     history = clean_outages(load.samples(now_s - HISTORY_S, now_s))
     forecaster = LoadForecaster(load.window_s, quantile=0.99)
     last = history[-1].rate if history else None
+    outcomes = coverage(journal.since(now_s - CALIBRATION_S), load.window_s)
+    margin = SloCalibration().replay(outcomes)
     return Snapshot(
         now_s=now_s,
         inference_gpus=actuator.inference_gpus(),
         measured_rps=last,
-        forecast=forecaster.forecast(history, now_s, config.lead_s),
+        forecast=scaled(forecaster.forecast(history, now_s, config.lead_s), margin),
         idle_training_gpus=actuator.idle_training_gpus(),
         gangs=actuator.gangs(),
         last_lend_s=journal.last_lend_s(),
-        lend_forecast=forecaster.forecast(history, now_s, config.lend_horizon_s, 0.75),
+        lend_forecast=forecaster.forecast(
+            history, now_s, config.lend_horizon_s, config.lend_quantile
+        ),
     )
 
 

@@ -18,6 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tideflow.broker.calibrate import SloCalibration, scaled
 from tideflow.broker.forecast import Forecast, LoadForecaster, clean_outages
 from tideflow.broker.jobs import JobSpec
 from tideflow.broker.load import LoadSample, LoadSource
@@ -36,12 +37,14 @@ class SimulationConfig:
     lead_s: float = 600.0  # one window: reclaiming with a checkpoint fits inside it
     forecast_quantile: float = 0.99
     lend_horizon_s: float = 2 * 3600.0
-    lend_quantile: float = 0.75  # lend what the load will likely not want back in that time
+    lend_quantile: float = 0.85  # lend what the load will likely not want back in that time
     cooldown_s: float = 3600.0
     min_inference_gpus: int = 8
     restart_overhead_s: float = 300.0  # a restarted gang's start-up, GPU time without progress
     checkpoint_write_s: float = 60.0  # time for a gang to write its checkpoint on notice
     grace_s: float = 300.0  # how long the broker waits for that checkpoint
+    # Scale the forecast's upper bound online to meet this SLO (None: uncalibrated).
+    slo_target: float | None = 0.995
 
     def static_gpus(self) -> int | None:
         if self.policy in ("tidal", "oracle"):
@@ -65,6 +68,7 @@ class SimulationConfig:
             min_inference_gpus=self.min_inference_gpus,
             lead_s=self.lead_s,
             lend_horizon_s=self.lend_horizon_s,
+            lend_quantile=self.lend_quantile,
             cooldown_s=self.cooldown_s,
             checkpoint_grace_s=self.grace_s,
         )
@@ -147,6 +151,8 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     # What the broker sees: outage windows become gaps (judged on the past only).
     samples = clean_outages(raw)
     forecaster = LoadForecaster(step, quantile=config.forecast_quantile)
+    calibration = SloCalibration(config.slo_target) if config.slo_target is not None else None
+    margin = 0.0
     pending = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
     queue: list[_Job] = []  # submitted, not running, in submission order
     running: list[_Job] = []
@@ -168,9 +174,14 @@ def simulate(  # noqa: PLR0915 - one readable event loop
         action, reason, upper, preempted_now = "static", "", None, 0
         if policy_config is not None:
             history = samples[max(0, index - int(HISTORY_S / step)) : index]
-            forecast = forecaster.forecast(history, now, policy_config.lead_s)
+            measured = windows[-1] if windows else None
+            if calibration is not None and measured is not None and measured.needed is not None:
+                # The last window's outcome is known now (its load has been measured).
+                covered = measured.inference_gpus >= measured.needed
+                margin = calibration.next(margin, covered)
+            forecast = scaled(forecaster.forecast(history, now, policy_config.lead_s), margin)
             lend_forecast = forecaster.forecast(
-                history, now, policy_config.lend_horizon_s, config.lend_quantile
+                history, now, policy_config.lend_horizon_s, policy_config.lend_quantile
             )
             if config.policy == "oracle":
                 # Not a policy: the same decisions fed each window's true load, with no

@@ -1,0 +1,70 @@
+"""The forecast's upper bound calibrated online to the inference SLO, in the simulator and the service."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from tideflow.broker.calibrate import SloCalibration, scaled
+from tideflow.broker.forecast import Forecast
+from tideflow.broker.journal import DecisionJournal
+from tideflow.broker.policy import Action, Decision
+from tideflow.broker.service import coverage
+
+
+def test_a_miss_raises_the_margin_and_hits_lower_it_within_bounds() -> None:
+    calibration = SloCalibration(target=0.995, step=0.05)
+    assert calibration.next(0.0, covered=False) == pytest.approx(0.05 * 0.995)
+    assert calibration.next(0.0, covered=True) == pytest.approx(-0.05 * 0.005)
+    assert calibration.replay([False] * 50) == 0.5  # capped: at most 1.65x the bound
+    assert calibration.replay([True] * 100_000) == -0.5
+    forecast = Forecast(100.0, 120.0, 150.0, "level")
+    assert scaled(forecast, 0.0) is forecast
+    assert scaled(forecast, math.log(1.2)).upper == pytest.approx(180.0)
+    assert scaled(forecast, math.log(1.2)).peak == 120.0  # only the bound moves
+
+
+def test_misses_settle_at_the_slo_whatever_bound_delivers_it() -> None:
+    """A stand-in world where load over a window is lognormal around the forecast and the
+    bound covers it when exp(margin) beats it: an uncalibrated bound (margin 0) misses half
+    the windows; calibration finds the margin that misses 0.5%, unknown in advance."""
+    calibration = SloCalibration(target=0.995, step=0.05)
+    rng = random.Random(7)
+    margin, misses, windows = 0.0, 0, 40_000
+    for _ in range(windows):
+        covered = rng.lognormvariate(0.0, 0.1) <= math.exp(margin)
+        misses += not covered
+        margin = calibration.next(margin, covered)
+    assert misses / windows == pytest.approx(0.005, abs=0.001)
+    assert 0.2 < margin < 0.35  # about the 99.5th percentile of the noise: 0.1 * 2.58
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="SLO target"):
+        SloCalibration(target=99.5)
+    with pytest.raises(ValueError, match="low <= 0 <= high"):
+        SloCalibration(low=0.1)
+
+
+def decision(inference: int, needed: int | None) -> Decision:
+    return Decision(Action.HOLD, inference, needed, None, reason="test")
+
+
+def test_service_reads_one_outcome_per_load_window_from_the_journal(tmp_path: Path) -> None:
+    journal = DecisionJournal(tmp_path / "broker.db")
+    # (time, GPUs held after the decision, need measured over the window before it)
+    for at_s, held, needed in [
+        (0, 40, None),
+        (600, 40, 36),  # window 1: covered by the 40 held
+        (1300, 48, 38),  # window 2, superseded by the next decision in it
+        (1500, 48, 52),  # window 2: 48 held, 52 needed: a miss
+        (1900, 56, None),  # window 3: a data gap, no outcome
+        (2400, 56, 50),  # window 4: covered
+    ]:
+        journal.record(
+            at_s, decision(held, needed), total_gpus=200, measured_rps=None, forecast_upper=None
+        )
+    assert coverage(journal.since(0), 600.0) == [True, False, True]

@@ -1,0 +1,57 @@
+"""Calibrate the forecast's upper bound to the inference SLO, from outcomes already seen.
+
+Operators state an SLO ("inference covers its load in 99.5% of windows"), not
+a quantile of load jumps; the bound that delivers that SLO depends on the
+trace (how bursty it is), the whole-node rounding and the headroom. So the
+forecast's upper bound is scaled by ``exp(margin)``, and the margin is
+adjusted online as in adaptive conformal inference (Gibbs and Candes, 2021):
+a window whose load the inference GPUs did not cover raises it by
+``step * target``, a covered window lowers it by ``step * (1 - target)``, so
+that misses settle at ``1 - target`` of the windows. The margin is in log
+space rather than the quantile itself because the quantile that a bursty
+trace needs sits near 1, where raising it saturates and the guarantee is
+lost. Only outcomes of windows already measured are used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from tideflow.broker.forecast import Forecast
+
+
+@dataclass(frozen=True)
+class SloCalibration:
+    target: float = 0.995  # share of windows where inference must cover its load
+    step: float = 0.05  # a miss adds about 5% to the bound; ~1.4 days of hits take it back
+    low: float = -0.5  # the bound is never scaled below exp(-0.5) = 0.61x ...
+    high: float = 0.5  # ... nor above exp(0.5) = 1.65x
+
+    def __post_init__(self) -> None:
+        if not 0.5 < self.target < 1:
+            raise ValueError(f"SLO target must be within (0.5, 1) (got {self.target})")
+        if not self.low <= 0 <= self.high or self.step <= 0:
+            raise ValueError(
+                f"need low <= 0 <= high and step > 0 (got {self.low}, {self.high}, {self.step})"
+            )
+
+    def next(self, margin: float, covered: bool) -> float:
+        """The margin for the next window, after one window's outcome."""
+        miss = 0.0 if covered else 1.0
+        return min(self.high, max(self.low, margin + self.step * (miss - (1 - self.target))))
+
+    def replay(self, outcomes: Iterable[bool]) -> float:
+        """The margin after ``outcomes`` (covered or not, oldest first), from 0."""
+        margin = 0.0
+        for covered in outcomes:
+            margin = self.next(margin, covered)
+        return margin
+
+
+def scaled(forecast: Forecast, margin: float) -> Forecast:
+    """The forecast with its upper bound scaled by ``exp(margin)``."""
+    if forecast.upper is None or margin == 0:
+        return forecast
+    return replace(forecast, upper=forecast.upper * math.exp(margin))
