@@ -9,7 +9,9 @@ the pod's ServiceAccount, else from ``$KUBECONFIG``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 CONN_ENV = "TIDEFLOW_K8S_CONN_ID"
@@ -31,3 +33,27 @@ def cluster_backend() -> Any:
     from tideflow.kube.settings import kube_settings_from_env
 
     return KubernetesBackend(api_client(), kube_settings_from_env())
+
+
+@contextlib.asynccontextmanager
+async def async_api_client() -> AsyncIterator[Any]:
+    """A ``kubernetes_asyncio`` client for triggers: watches without holding a thread."""
+    conn_id = os.environ.get(CONN_ENV)
+    if conn_id:
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+        async with AsyncKubernetesHook(conn_id=conn_id).get_conn() as api:
+            yield api
+        return
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        # The client reads $KUBECONFIG once, when it is imported; read it now instead.
+        await config.load_kube_config(
+            config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
+        )
+    async with client.ApiClient(configuration) as api:
+        yield api

@@ -235,9 +235,7 @@ class GangTrainingOperator(TideflowOperator):
 
     def _defer_to_cluster_gang(self, context: Context, gang_id: str) -> None:
         self.defer(
-            trigger=ClusterGangTrigger(
-                gang_id=gang_id, deadline=self._deadline(context), poll_s=self.gang_poll_s
-            ),
+            trigger=ClusterGangTrigger(gang_id=gang_id, deadline=self._deadline(context)),
             method_name="gang_finished",
         )
 

@@ -138,49 +138,55 @@ class GangTrigger(BaseTrigger):
 class ClusterGangTrigger(BaseTrigger):
     """Follows a gang on Kubernetes (Volcano Job or JobSet) until it finishes.
 
-    Logs each change of state or restart count; the workers' own output is in
-    their pods' logs (``kubectl logs -l tideflow.io/gang=...``).
+    Watches the object (``kubernetes_asyncio``: no thread held, no polling);
+    each change of state or restart count goes to the task log. The workers'
+    own output is in their pods' logs (``kubectl logs -l tideflow.io/gang=...``).
     """
 
-    def __init__(self, *, gang_id: str, deadline: float, poll_s: float = 10.0) -> None:
+    def __init__(self, *, gang_id: str, deadline: float, watch_s: float = 300.0) -> None:
         super().__init__()
         self.gang_id = gang_id
         self.deadline = deadline
-        self.poll_s = poll_s
+        self.watch_s = watch_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{MODULE}.ClusterGangTrigger", {
             "gang_id": self.gang_id,
             "deadline": self.deadline,
-            "poll_s": self.poll_s,
+            "watch_s": self.watch_s,
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from tideflow.operators.cluster import cluster_backend
+        from tideflow.backends.kubernetes import follow
+        from tideflow.kube.settings import kube_settings_from_env
+        from tideflow.operators.cluster import async_api_client
 
-        backend = await asyncio.to_thread(cluster_backend)
+        settings = kube_settings_from_env()
         seen = None
-        while True:
-            status = await asyncio.to_thread(backend.status, self.gang_id)
-            if status is None:
-                yield TriggerEvent({"status": "unknown", "gang_id": self.gang_id})
-                return
-            if (status.state, status.restarts) != seen:
-                seen = (status.state, status.restarts)
-                self.log.info(
-                    "tideflow: gang %s is %s (%d restart(s)): %s",
-                    self.gang_id,
-                    status.state,
-                    status.restarts,
-                    status.message,
-                )
-            if status.state.finished:
-                yield TriggerEvent({"status": "finished", "gang": status.to_json()})
-                return
-            if time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", "gang": status.to_json()})
-                return
-            await asyncio.sleep(self.poll_s)
+        last = None
+        async with async_api_client() as api:
+            while True:
+                timeout = max(1.0, min(self.watch_s, self.deadline - time.time()))
+                async for status in follow(api, settings, self.gang_id, timeout_s=timeout):
+                    if status is None:
+                        yield TriggerEvent({"status": "unknown", "gang_id": self.gang_id})
+                        return
+                    last = status
+                    if (status.state, status.restarts) != seen:
+                        seen = (status.state, status.restarts)
+                        self.log.info(
+                            "tideflow: gang %s is %s (%d restart(s)): %s",
+                            self.gang_id,
+                            status.state,
+                            status.restarts,
+                            status.message,
+                        )
+                    if status.state.finished:
+                        yield TriggerEvent({"status": "finished", "gang": status.to_json()})
+                        return
+                if time.time() >= self.deadline and last is not None:
+                    yield TriggerEvent({"status": "timeout", "gang": last.to_json()})
+                    return
 
 
 class DeviceTrigger(BaseTrigger):

@@ -1,4 +1,4 @@
-"""The forecast's upper bound calibrated online to the inference SLO, in the simulator and the service."""
+"""The forecast's upper bound calibrated online to the inference SLO (simulator, service)."""
 
 from __future__ import annotations
 

@@ -2,10 +2,13 @@
 
 The pipeline file is the same one that runs locally: only configuration sends
 its gang step to the cluster. No API server (or Volcano/Kueue controller) can
-run here, so the operator and its trigger talk, through the official client
-and a kubeconfig or an Airflow connection, to an HTTP-level fake of the
-Kubernetes API on 127.0.0.1 that plays the controller: a Job it is asked for
-goes Pending -> Running -> Completed as it is polled.
+run here, so the operator (official ``kubernetes`` client) and its trigger
+(``kubernetes_asyncio`` watch), configured by a kubeconfig or an Airflow
+connection, talk to an HTTP-level fake of the Kubernetes API on 127.0.0.1
+that plays the controller: a gang object it is asked for is listed in its
+first state, and a watch on it streams the later ones (Pending -> Running ->
+Completed for a Volcano Job; Suspended -> active -> Completed for a JobSet).
+The first watch is answered 410 Gone, as a server does after compaction.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import re
 import textwrap
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,16 +35,36 @@ JOBS = (
 )
 
 
+VOLCANO = [{"state": {"phase": p}} for p in ("Pending", "Running", "Completed")]
+JOBSET = [
+    {"conditions": [{"type": "Suspended", "status": "True"}]},  # waiting for Kueue
+    {"replicatedJobsStatus": [{"name": "worker", "active": 1}]},
+    {"conditions": [{"type": "Completed", "status": "True"}]},
+]
+
+
 class Cluster:
+    """Objects and the status each goes through; the fake plays the controller."""
+
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
-        self.polls: dict[str, int] = {}
+        self.step: dict[str, int] = {}
         self.posts: list[str] = []
+        self.watches = 0
+        self.gone_once = False  # answer the first watch with 410 Gone (compacted)
+
+    def current(self, name: str) -> dict[str, Any]:
+        obj = self.objects[name]
+        script = VOLCANO if obj["kind"] == "Job" else JOBSET
+        status = script[min(self.step[name], len(script) - 1)]
+        return (
+            obj
+            | {"metadata": {**obj["metadata"], "resourceVersion": str(self.step[name])}}
+            | {"status": status}
+        )
 
 
 def handler_for(cluster: Cluster) -> type[http.server.BaseHTTPRequestHandler]:
-    volcano = ["Pending", "Running", "Completed"]
-
     class Handler(JsonHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server names
             path, body = self.path.split("?", 1)[0], self._body()
@@ -49,26 +73,38 @@ def handler_for(cluster: Cluster) -> type[http.server.BaseHTTPRequestHandler]:
             cluster.posts.append(path)
             name = body["metadata"]["name"]
             cluster.objects[name] = body
-            cluster.polls[name] = 0
-            return self._send(201, body)
+            cluster.step[name] = 0
+            return self._send(201, cluster.current(name))
 
         def do_GET(self) -> None:  # noqa: N802 - http.server names
-            match = re.fullmatch(JOBS + r"/([\w-]+)", self.path.split("?", 1)[0])
-            if not match or match.group(3) not in cluster.objects:
+            path, _, query = self.path.partition("?")
+            if match := re.fullmatch(JOBS + r"/([\w-]+)", path):  # read one
+                name = match.group(3)
+                if name not in cluster.objects:
+                    return self._send(404, {"kind": "Status", "code": 404})
+                return self._send(200, cluster.current(name))
+            if not re.fullmatch(JOBS, path):
                 return self._send(404, {"kind": "Status", "code": 404})
-            name = match.group(3)
-            obj = cluster.objects[name]
-            step = min(cluster.polls[name], 2)
-            cluster.polls[name] += 1
-            if obj["kind"] == "Job":
-                status: dict[str, Any] = {"state": {"phase": volcano[step]}}
-            else:
-                status = [
-                    {"conditions": [{"type": "Suspended", "status": "True"}]},
-                    {"replicatedJobsStatus": [{"name": "worker", "active": 1}]},
-                    {"conditions": [{"type": "Completed", "status": "True"}]},
-                ][step]
-            return self._send(200, obj | {"status": status})
+            args = urllib.parse.parse_qs(query)
+            name = args["fieldSelector"][0].removeprefix("metadata.name=")
+            if args.get("watch", [""])[0].lower() != "true":  # list: the current state
+                items = [cluster.current(name)] if name in cluster.objects else []
+                return self._send(200, {"items": items, "metadata": {"resourceVersion": "0"}})
+            cluster.watches += 1
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            if not cluster.gone_once:
+                cluster.gone_once = True
+                gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+                self.wfile.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+                return None
+            while name in cluster.objects and cluster.step[name] < 2:  # every later change
+                cluster.step[name] += 1
+                event = {"type": "MODIFIED", "object": cluster.current(name)}
+                self.wfile.write(json.dumps(event).encode() + b"\n")
+                self.wfile.flush()
+            return None
 
     return Handler
 
@@ -210,10 +246,9 @@ def test_cluster_gang_trigger_serializes_and_resumes_after_a_triggerer_restart(
     from tideflow.operators.triggers import ClusterGangTrigger
 
     cluster_backend().submit(gang())
-    trigger = round_trip(
-        ClusterGangTrigger(gang_id=gang().gang_id, deadline=time.time() + 60, poll_s=0.05)
-    )
+    trigger = round_trip(ClusterGangTrigger(gang_id=gang().gang_id, deadline=time.time() + 60))
     event = first_event(trigger)
     assert event["status"] == "finished" and '"state": "succeeded"' in event["gang"]
+    assert cluster.gone_once and cluster.watches == 2  # 410 Gone: listed again, watched again
     missing = ClusterGangTrigger(gang_id="never/run/train", deadline=time.time() + 60)
     assert first_event(round_trip(missing)) == {"status": "unknown", "gang_id": "never/run/train"}

@@ -13,7 +13,7 @@ in the foreground, its pods.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,3 +189,54 @@ class KubernetesBackend:
             self.core.create_namespaced_pod_eviction(
                 pod.metadata.name, self.settings.namespace, body
             )
+
+
+async def follow(
+    api_client: Any, settings: KubeSettings, gang_id: str, *, timeout_s: float
+) -> AsyncIterator[GangStatus | None]:
+    """The gang's status now, then at every change, through a watch (``kubernetes_asyncio``).
+
+    Lists the one object by name for its current state and resourceVersion,
+    then watches from there; a watch that ends (server timeout, a 410 Gone
+    after compaction, a dropped connection) is answered by listing again, so
+    no change is missed and nothing is polled. Yields None when the object
+    does not exist or is deleted. Ends after ``timeout_s`` without a change:
+    the caller checks its deadline and calls again.
+    """
+    import asyncio
+
+    from kubernetes_asyncio import client, watch
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    kind = gang_kind(settings.gang_scheduler)
+    custom = client.CustomObjectsApi(api_client)
+    where = (kind.group, kind.version, settings.namespace, kind.plural)
+    selector = f"metadata.name={dns_label(gang_id, limit=47)}"
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout_s
+    while loop.time() < until:
+        listing = await custom.list_namespaced_custom_object(*where, field_selector=selector)
+        items = listing.get("items") or []
+        if not items:
+            yield None
+            return
+        yield kind.read_status(gang_id, items[0])
+        version = (listing.get("metadata") or {}).get("resourceVersion")
+        stream = watch.Watch().stream(
+            custom.list_namespaced_custom_object,
+            *where,
+            field_selector=selector,
+            resource_version=version,
+            timeout_seconds=max(1, int(until - loop.time())),
+        )
+        try:
+            async with stream as events:
+                async for event in events:
+                    if event["type"] == "DELETED":
+                        yield None
+                        return
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        yield kind.read_status(gang_id, event["raw_object"])
+        except ApiException as exc:
+            if exc.status != 410:  # 410 Gone: our version was compacted; list again
+                raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -21,4 +22,7 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Any:
             return client.ApiClient(configuration)
         except config.ConfigException:
             pass
-    return config.new_client_from_config(config_file=kubeconfig, context=context)
+    # The client reads $KUBECONFIG once, when it is imported; read it now instead.
+    return config.new_client_from_config(
+        config_file=kubeconfig or os.environ.get("KUBECONFIG"), context=context
+    )
