@@ -116,6 +116,18 @@ class GangTrigger(BaseTrigger):
         except FileNotFoundError:
             pass
 
+    async def on_kill(self) -> None:
+        """A user marked the deferred task failed, succeeded or cleared: stop the gang too.
+
+        (Not on a triggerer restart: Airflow calls this only for a user's action.)
+        The gang's supervisor releases its lease as the workers stop.
+        """
+        from tideflow.backends.local import LocalBackend
+
+        backend = LocalBackend(Path(self.state_dir))
+        await asyncio.to_thread(backend.cancel, self.gang_id)
+        self.log.info("tideflow: gang %s cancelled with its task", self.gang_id)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from tideflow.backends.local import LocalBackend
 
@@ -155,6 +167,14 @@ class ClusterGangTrigger(BaseTrigger):
             "deadline": self.deadline,
             "watch_s": self.watch_s,
         }
+
+    async def on_kill(self) -> None:
+        """A user marked the deferred task failed, succeeded or cleared: delete the gang too."""
+        from tideflow.operators.cluster import cluster_backend
+
+        backend = await asyncio.to_thread(cluster_backend)
+        await asyncio.to_thread(backend.cancel, self.gang_id)
+        self.log.info("tideflow: gang %s deleted with its task", self.gang_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from tideflow.backends.kubernetes import follow

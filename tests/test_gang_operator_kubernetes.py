@@ -76,6 +76,12 @@ def handler_for(cluster: Cluster) -> type[http.server.BaseHTTPRequestHandler]:
             cluster.step[name] = 0
             return self._send(201, cluster.current(name))
 
+        def do_DELETE(self) -> None:  # noqa: N802 - http.server names
+            match = re.fullmatch(JOBS + r"/([\w-]+)", self.path.split("?", 1)[0])
+            if not match or cluster.objects.pop(match.group(3), None) is None:
+                return self._send(404, {"kind": "Status", "code": 404})
+            return self._send(200, {"kind": "Status", "status": "Success"})
+
         def do_GET(self) -> None:  # noqa: N802 - http.server names
             path, _, query = self.path.partition("?")
             if match := re.fullmatch(JOBS + r"/([\w-]+)", path):  # read one
@@ -252,3 +258,20 @@ def test_cluster_gang_trigger_serializes_and_resumes_after_a_triggerer_restart(
     assert cluster.gone_once and cluster.watches == 2  # 410 Gone: listed again, watched again
     missing = ClusterGangTrigger(gang_id="never/run/train", deadline=time.time() + 60)
     assert first_event(round_trip(missing)) == {"status": "unknown", "gang_id": "never/run/train"}
+
+
+def test_cluster_gang_trigger_on_kill_deletes_the_gang_object(cluster: Cluster) -> None:
+    """Airflow calls on_kill when a user marks the deferred task failed or clears it."""
+    import asyncio
+    import time
+
+    from tests.test_kube_jobset import gang
+    from tests.trigger_helpers import round_trip
+    from tideflow.operators.cluster import cluster_backend
+    from tideflow.operators.triggers import ClusterGangTrigger
+
+    cluster_backend().submit(gang())
+    assert len(cluster.objects) == 1
+    trigger = round_trip(ClusterGangTrigger(gang_id=gang().gang_id, deadline=time.time() + 60))
+    asyncio.run(trigger.on_kill())
+    assert cluster.objects == {}

@@ -6,13 +6,14 @@ backend, as the triggerer would after deserialising them.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.trigger_helpers import first_event, round_trip
-from tideflow.backends import GangJob, WorkerSlot
+from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.local import LocalBackend
 from tideflow.inventory import detect_local
 from tideflow.operators.triggers import DeviceTrigger, GangTrigger, LeaseTrigger
@@ -140,3 +141,32 @@ def test_device_trigger_round_trips_and_picks_the_cpu_when_allowed(tmp_path: Pat
         "device_class": "cpu",
         "lease_id": None,
     }
+
+
+def test_gang_trigger_on_kill_cancels_the_gang(tmp_path: Path) -> None:
+    """Airflow calls on_kill when a user marks a deferred task failed or clears it (not on a
+    triggerer restart): the gang must not train on with nobody waiting for it."""
+    backend = LocalBackend(tmp_path / "gangs")
+    backend.submit(
+        GangJob(
+            "g/killed",
+            (sys.executable, WORKER),
+            {"GANG_TEST_MODE": "sleep"},
+            (WorkerSlot(0, "localhost", (0,)), WorkerSlot(1, "localhost", (1,))),
+            "cpu",
+            False,
+            0,
+        )
+    )
+    trigger = round_trip(
+        GangTrigger(
+            gang_id="g/killed", state_dir=str(tmp_path / "gangs"), deadline=time.time() + 600
+        )
+    )
+    deadline = time.time() + 60
+    while (now := backend.status("g/killed")) is None or now.state is not GangState.RUNNING:
+        assert time.time() < deadline, now
+        time.sleep(0.1)
+    asyncio.run(trigger.on_kill())
+    status = backend.wait("g/killed", timeout_s=60)
+    assert status.state is GangState.CANCELLED
