@@ -1,10 +1,22 @@
-"""deploy/kubernetes: every manifest validates offline against the Kubernetes API schema
-(kubernetes-validate, strict: misspelled fields fail), the broker's pod meets the
-"restricted" Pod Security Standard, and its RBAC grants exactly what the Kubernetes
-actuator calls (no wildcards, no secrets)."""
+"""deploy/: every manifest validates offline and agrees with the code that uses it.
+
+* Core objects validate strictly against the Kubernetes API schema
+  (kubernetes-validate: misspelled fields fail); Volcano and Kueue objects against
+  their CRD schemas (read from ../shared/schemas; those tests skip without it).
+* The broker, MLflow and gang pods meet the "restricted" Pod Security Standard;
+  RBAC grants exactly what the broker's actuator and the gang operator call.
+* Kueue's ClusterQueue is the one the broker patches, in the flavor and resource
+  it patches; the patched object still validates.
+* The Helm values for the Airflow chart use only keys the chart has, set what
+  tideflow needs, and their Kubernetes fragments validate inside a Pod.
+* Nothing secret is written anywhere in deploy/: only references to Secrets.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +25,11 @@ import yaml
 
 from tests.crd_schema import SCHEMAS, crd_schema, validate
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy" / "kubernetes"
+VALUES = REPO / "deploy" / "helm" / "airflow-values.yaml"
+GUIDE = REPO / "docs" / "deploy-kubernetes.md"
+K8S_VERSION = "1.33"
 
 
 def objects() -> list[dict[str, Any]]:
@@ -27,36 +43,113 @@ def by_kind(kind: str) -> list[dict[str, Any]]:
     return [o for o in objects() if o["kind"] == kind]
 
 
+def named(kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in by_kind(kind) if o["metadata"]["name"] == name]
+    return found
+
+
+def values() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(VALUES.read_text())
+    return loaded
+
+
+def test_every_yaml_file_in_deploy_is_checked_here() -> None:
+    checked = set(DEPLOY.glob("*.yaml")) | {VALUES}
+    found = set((REPO / "deploy").rglob("*.yaml")) | set((REPO / "deploy").rglob("*.yml"))
+    assert found == checked, sorted(str(p.relative_to(REPO)) for p in found ^ checked)
+
+
+# -- Pod Security Standard "restricted" --------------------------------------------------
+
+
+def restricted_problems(pod: dict[str, Any]) -> list[str]:
+    """What keeps a pod spec from the "restricted" Pod Security Standard (its main points)."""
+    problems = []
+    context = pod.get("securityContext") or {}
+    if pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC"):
+        problems.append("host namespaces")
+    if context.get("runAsUser") == 0:
+        problems.append("pod runs as root")
+    for container in pod.get("initContainers", []) + pod["containers"]:
+        own = container.get("securityContext") or {}
+        name = container["name"]
+        if own.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation is not false")
+        if own.get("capabilities", {}).get("drop") != ["ALL"]:
+            problems.append(f"{name}: capabilities not dropped")
+        if own.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if not (own.get("runAsNonRoot") or context.get("runAsNonRoot")):
+            problems.append(f"{name}: may run as root")
+        if own.get("runAsUser") == 0:
+            problems.append(f"{name}: runs as root")
+        seccomp = own.get("seccompProfile") or context.get("seccompProfile") or {}
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: no seccomp profile")
+    return problems
+
+
+def test_the_restricted_check_can_fail() -> None:
+    pod = {"containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False}}]}
+    assert len(restricted_problems(pod)) == 3
+
+
 def test_broker_pod_meets_the_restricted_pod_security_standard() -> None:
-    (deployment,) = [d for d in by_kind("Deployment") if d["metadata"]["name"] == "tideflow-broker"]
-    pod = deployment["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert not pod.get("hostNetwork") and not pod.get("hostPID")
-    for container in pod["containers"]:
-        context = container["securityContext"]
-        assert context["allowPrivilegeEscalation"] is False
-        assert context["capabilities"] == {"drop": ["ALL"]}
-        assert context.get("privileged") is not True
+    deployment = named("Deployment", "tideflow-broker")
+    assert restricted_problems(deployment["spec"]["template"]["spec"]) == []
     assert deployment["spec"]["replicas"] == 1  # one decision-maker
 
 
-def rules(kind: str) -> list[dict[str, Any]]:
-    return [rule for role in by_kind(kind) for rule in role["rules"]]
+def test_mlflow_pod_meets_the_restricted_pod_security_standard() -> None:
+    pod = named("Deployment", "mlflow")["spec"]["template"]["spec"]
+    assert restricted_problems(pod) == []
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
 
-def test_rbac_is_least_privilege_and_covers_the_actuator() -> None:
-    every = rules("Role") + rules("ClusterRole")
-    for rule in every:
-        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
-        assert "secrets" not in rule["resources"]
-    granted = {
+def test_gang_pods_meet_the_restricted_pod_security_standard() -> None:
+    from tideflow.kube import KubeSettings
+    from tideflow.kube.volcano import gang_pod_spec
+
+    for device_class in ("cpu", "gpu", "npu"):
+        pod = gang_pod_spec(gang("vision", device_class), KubeSettings(), master_addr="m")
+        assert restricted_problems(pod) == [], device_class
+
+
+# -- RBAC -------------------------------------------------------------------------------
+
+
+def rules(kind: str, *names: str) -> list[dict[str, Any]]:
+    return [
+        rule
+        for role in by_kind(kind)
+        if not names or role["metadata"]["name"] in names
+        for rule in role["rules"]
+    ]
+
+
+def grants(every: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
         (group, resource, verb)
         for rule in every
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
+
+
+def test_no_role_has_wildcards_or_secrets() -> None:
+    for rule in rules("Role") + rules("ClusterRole"):
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        assert "*" not in rule["apiGroups"]
+        assert "secrets" not in rule["resources"]
+
+
+def test_broker_rbac_is_least_privilege_and_covers_the_actuator() -> None:
+    from tideflow.broker.kubernetes import target_from_env
+
+    every = rules("Role", "tideflow-broker") + rules("ClusterRole", "tideflow-broker")
     needed = {
         ("", "pods", "list"),
         ("", "pods/eviction", "create"),
@@ -68,52 +161,323 @@ def test_rbac_is_least_privilege_and_covers_the_actuator() -> None:
         ("kueue.x-k8s.io", "clusterqueues", "get"),
         ("kueue.x-k8s.io", "clusterqueues", "patch"),
     }
-    assert needed <= granted, needed - granted
+    assert needed <= grants(every), needed - grants(every)
     # Pods, evictions and scaling stay namespaced: never granted cluster-wide.
-    cluster_wide = {r for rule in rules("ClusterRole") for r in rule["resources"]}
+    cluster_rules = rules("ClusterRole", "tideflow-broker")
+    cluster_wide = {r for rule in cluster_rules for r in rule["resources"]}
     assert cluster_wide == {"nodes", "queues", "clusterqueues"}
+    # The queue the broker patches by default is the one its role names.
+    queue = target_from_env().training_queue
+    for rule in cluster_rules:
+        if rule["resources"] in (["queues"], ["clusterqueues"]):
+            assert rule["resourceNames"] == [queue]
+
+
+def test_airflow_roles_grant_exactly_what_the_gang_operator_and_trigger_call() -> None:
+    from tideflow.backends.kubernetes import GANG_KINDS
+
+    objects_ = {(kind.group, kind.plural) for kind in GANG_KINDS.values()}
+    launcher = grants(rules("Role", "tideflow-gang-launcher"))
+    watcher = grants(rules("Role", "tideflow-gang-watcher"))
+    # Submit looks the object up by name, then creates it once; the trigger reads status.
+    assert launcher == {(g, p, verb) for g, p in objects_ for verb in ("get", "create")}
+    assert watcher == {(g, p, "get") for g, p in objects_}
+    subjects = {
+        b["roleRef"]["name"]: {s["name"] for s in b["subjects"]} for b in by_kind("RoleBinding")
+    }
+    chart = values()
+    assert subjects["tideflow-gang-launcher"] == {chart["workers"]["serviceAccount"]["name"]}
+    assert subjects["tideflow-gang-watcher"] == {chart["triggerer"]["serviceAccount"]["name"]}
+
+
+# -- Network ----------------------------------------------------------------------------
 
 
 def test_broker_accepts_no_connections() -> None:
-    (policy,) = by_kind("NetworkPolicy")
+    policy = named("NetworkPolicy", "tideflow-broker")
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert policy["spec"]["ingress"] == []
 
 
-CRDS = {
-    ("scheduling.volcano.sh/v1beta1", "Queue"): (
-        "volcano/scheduling.volcano.sh_queues.yaml",
-        "v1beta1",
+def test_mlflow_admits_only_pods_of_its_namespace_on_its_port() -> None:
+    deployment = named("Deployment", "mlflow")
+    policy = named("NetworkPolicy", "mlflow")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"] == "tideflow"
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert "Ingress" in policy["spec"]["policyTypes"]
+    (rule,) = policy["spec"]["ingress"]
+    # A bare podSelector (no namespaceSelector, no ipBlock) admits this namespace only.
+    assert rule["from"] == [{"podSelector": {}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 5000}]
+
+
+def test_mlflow_serves_what_tideflow_is_told_to_use() -> None:
+    deployment = named("Deployment", "mlflow")
+    service = named("Service", "mlflow")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:2] == ["mlflow", "server"]
+    assert {"--host=0.0.0.0", "--port=5000", "--serve-artifacts"} <= set(command)
+    assert any(arg.startswith("--artifacts-destination=s3://") for arg in command)
+    # The backend store (with its password) comes from a Secret, never the command line.
+    env = {e["name"]: e for e in container["env"]}
+    assert env["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"]["key"] == "uri"
+    assert not any("postgresql" in arg for arg in command)
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health"
+    assert service["spec"]["ports"][0]["port"] == 5000
+    assert service["spec"]["selector"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
     )
+    # MLflow rejects Host headers it does not list; the address tideflow uses must be one.
+    uri = chart_env()["MLFLOW_TRACKING_URI"]
+    host = re.sub(r"^https?://", "", uri).rstrip("/")
+    (allowed,) = [a for a in command if a.startswith("--allowed-hosts=")]
+    assert host in allowed.split("=", 1)[1].split(",")
+    assert host.split(".")[0] == service["metadata"]["name"]
+
+
+# -- Schemas ----------------------------------------------------------------------------
+
+CRDS = {
+    ("scheduling.volcano.sh/v1beta1", "Queue"): ("volcano/scheduling.volcano.sh_queues.yaml",),
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): ("kueue/kueue.x-k8s.io_resourceflavors.yaml",),
+    ("kueue.x-k8s.io/v1beta2", "ClusterQueue"): ("kueue/kueue.x-k8s.io_clusterqueues.yaml",),
+    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): ("kueue/kueue.x-k8s.io_localqueues.yaml",),
+    ("kueue.x-k8s.io/v1beta2", "Cohort"): ("kueue/kueue.x-k8s.io_cohorts.yaml",),
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): (
+        "kueue/kueue.x-k8s.io_workloadpriorityclasses.yaml",
+    ),
 }
+
+
+def schema_for(obj: dict[str, Any]) -> dict[str, Any]:
+    (relative,) = CRDS[(obj["apiVersion"], obj["kind"])]
+    return crd_schema(relative, obj["apiVersion"].split("/")[1])
+
+
+def is_crd(obj: dict[str, Any]) -> bool:
+    return (obj["apiVersion"], obj["kind"]) in CRDS
 
 
 def test_every_core_manifest_validates_strictly_against_the_kubernetes_schema() -> None:
     import kubernetes_validate
 
-    core = [o for o in objects() if (o["apiVersion"], o["kind"]) not in CRDS]
-    assert core
+    core = [o for o in objects() if not is_crd(o)]
+    assert {o["kind"] for o in core} >= {"Deployment", "Service", "NetworkPolicy", "Namespace"}
     for obj in core:
-        kubernetes_validate.validate(obj, "1.33", strict=True)
-    broken = by_kind("Deployment")[0]
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    broken = copy.deepcopy(named("Deployment", "mlflow"))
     broken["spec"]["replica"] = 1  # a misspelled field
-    try:
-        kubernetes_validate.validate(broken, "1.33", strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        assert "replica" in str(exc)
-    else:
-        raise AssertionError("a misspelled field passed strict validation")
+    with pytest.raises(kubernetes_validate.ValidationError, match="replica"):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
 
 
-@pytest.mark.skipif(not SCHEMAS.is_dir(), reason=f"no CRD schemas at {SCHEMAS}")
-def test_volcano_queues_validate_against_the_crd_schema() -> None:
-    queues = [o for o in objects() if (o["apiVersion"], o["kind"]) in CRDS]
+def test_every_object_is_either_core_or_a_known_crd() -> None:
+    groups = {"scheduling.volcano.sh", "kueue.x-k8s.io", "batch.volcano.sh", "jobset.x-k8s.io"}
+    for obj in objects():
+        if obj["apiVersion"].split("/")[0] in groups:
+            assert is_crd(obj), (obj["apiVersion"], obj["kind"])
+
+
+CLUSTER_SCOPED = {
+    "Namespace",
+    "PriorityClass",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Queue",
+    "ResourceFlavor",
+    "ClusterQueue",
+    "Cohort",
+    "WorkloadPriorityClass",
+}
+
+
+def test_namespaced_objects_live_in_namespace_tideflow() -> None:
+    from tideflow.kube import KubeSettings
+
+    namespace = KubeSettings().namespace
+    assert named("Namespace", namespace)
+    for obj in objects():
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
+        else:
+            assert obj["metadata"].get("namespace") == namespace, obj["metadata"]["name"]
+
+
+needs_schemas = pytest.mark.skipif(
+    not SCHEMAS.is_dir(), reason=f"no CRD schemas at {SCHEMAS} (../shared/schemas)"
+)
+
+
+@needs_schemas
+def test_volcano_and_kueue_objects_validate_against_their_crd_schemas() -> None:
+    crds = [o for o in objects() if is_crd(o)]
+    assert {o["kind"] for o in crds} >= {"Queue", "ResourceFlavor", "ClusterQueue", "LocalQueue"}
+    for obj in crds:
+        assert validate(obj, schema_for(obj)) == [], obj["metadata"]["name"]
+    queue = copy.deepcopy(named("ClusterQueue", "vision"))
+    queue["spec"]["cohort"] = "training"  # v1beta1's spelling: unknown in v1beta2
+    assert validate(queue, schema_for(queue)) == [".spec.cohort: unknown field"]
+    queue = copy.deepcopy(named("ClusterQueue", "vision"))
+    queue["spec"]["queueingStrategy"] = "FIFO"
+    assert validate(queue, schema_for(queue))
+
+
+@needs_schemas
+def test_volcano_team_queues_sit_under_the_queue_the_broker_moves() -> None:
+    queues = by_kind("Queue")
     assert {q["metadata"]["name"] for q in queues} >= {"training"}
-    for queue in queues:
-        relative, version = CRDS[(queue["apiVersion"], queue["kind"])]
-        assert validate(queue, crd_schema(relative, version)) == [], queue["metadata"]["name"]
     children = [q for q in queues if q["spec"].get("parent") == "training"]
-    assert children  # team queues sit under the queue whose capability the broker moves
+    assert children
+
+
+# -- Kueue --------------------------------------------------------------------------------
+
+
+def gang(team: str, device_class: str) -> Any:
+    from tideflow.kube.volcano import GangShape
+
+    return GangShape(
+        name="g",
+        labels={},
+        command=["python", "-m", "train"],
+        env={},
+        workers=2,
+        device_class=device_class,
+        devices_per_worker=1,
+        model=None,
+        team=team,
+        priority=0,
+        max_restarts=1,
+    )
+
+
+def volcano_teams() -> set[str]:
+    return {q["metadata"]["name"] for q in by_kind("Queue") if q["spec"].get("parent")}
+
+
+def team_cluster_queues() -> list[dict[str, Any]]:
+    local = {q["spec"]["clusterQueue"] for q in by_kind("LocalQueue")}
+    return [q for q in by_kind("ClusterQueue") if q["metadata"]["name"] in local]
+
+
+def test_kueue_has_one_local_queue_per_team_and_the_gang_names_it() -> None:
+    from tideflow.kube import KubeSettings
+    from tideflow.kube.jobset import QUEUE_LABEL, gang_jobset
+
+    local = {q["metadata"]["name"]: q for q in by_kind("LocalQueue")}
+    assert set(local) == volcano_teams() == {"vision", "nlp"}  # the same teams either way
+    settings = KubeSettings(gang_scheduler="kueue")
+    for team, queue in local.items():
+        assert queue["metadata"]["namespace"] == settings.namespace
+        assert named("ClusterQueue", queue["spec"]["clusterQueue"])
+        labels = gang_jobset(gang(team, "gpu"), f"p/r/{team}", settings)["metadata"]["labels"]
+        assert labels[QUEUE_LABEL] == team
+    assert "training" not in {q["spec"]["clusterQueue"] for q in local.values()}
+
+
+def test_kueue_queues_are_consistent() -> None:
+    flavors = {f["metadata"]["name"] for f in by_kind("ResourceFlavor")}
+    cluster_queues = by_kind("ClusterQueue")
+    assert {q["spec"].get("cohortName") for q in cluster_queues} == {"training"}
+    for queue in cluster_queues:
+        seen: set[str] = set()
+        for group in queue["spec"]["resourceGroups"]:
+            covered = group["coveredResources"]
+            assert not seen & set(covered), "a resource belongs to one group"
+            seen |= set(covered)
+            for flavor in group["flavors"]:
+                assert flavor["name"] in flavors
+                # Kueue wants each flavor's resources in the order of coveredResources.
+                assert [r["name"] for r in flavor["resources"]] == covered
+                for resource in flavor["resources"]:
+                    if "lendingLimit" in resource:
+                        assert quantity(resource["lendingLimit"]) <= quantity(
+                            resource["nominalQuota"]
+                        )
+    h100 = named("ResourceFlavor", "h100")["spec"]
+    assert h100["nodeLabels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    # The broker's pool label keeps training gangs off inference nodes, and its taint
+    # is tolerated only through the flavor.
+    from tideflow.broker.kubernetes import POOL_LABEL, TAINT_KEY
+
+    assert h100["nodeLabels"][POOL_LABEL] == "training"
+    assert {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in h100["tolerations"]
+
+
+def quantity(value: Any) -> float:
+    text = str(value)
+    for suffix, factor in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def test_every_team_queue_covers_what_a_gang_pod_requests() -> None:
+    from tideflow.kube import KubeSettings
+    from tideflow.kube.volcano import gang_pod_spec
+
+    for queue in team_cluster_queues():
+        covered = {r for g in queue["spec"]["resourceGroups"] for r in g["coveredResources"]}
+        for device_class in ("cpu", "gpu", "npu"):
+            pod = gang_pod_spec(gang("vision", device_class), KubeSettings(), master_addr="m")
+            requested = {r for c in pod["containers"] for r in c["resources"]["requests"]}
+            assert requested <= covered, (queue["metadata"]["name"], device_class)
+
+
+class FakeCustomObjects:
+    """The two calls the broker's Kueue path makes, against an in-memory ClusterQueue."""
+
+    def __init__(self, queue: dict[str, Any]) -> None:
+        self.queue = copy.deepcopy(queue)
+        self.patches: list[tuple[str, dict[str, Any], str]] = []
+
+    def get_cluster_custom_object(
+        self, group: str, version: str, plural: str, name: str
+    ) -> dict[str, Any]:
+        assert (group, version, plural) == ("kueue.x-k8s.io", "v1beta2", "clusterqueues")
+        assert name == self.queue["metadata"]["name"], f"the broker reads ClusterQueue {name}"
+        return copy.deepcopy(self.queue)
+
+    def patch_cluster_custom_object(
+        self, group: str, version: str, plural: str, name: str, body: Any, **kwargs: Any
+    ) -> None:
+        self.patches.append((name, body, kwargs["_content_type"]))
+        self.queue["spec"].update(body["spec"])  # a merge patch replaces the list whole
+
+
+@pytest.mark.parametrize("flavor", ["h100", None])
+def test_the_broker_moves_the_training_cluster_queues_h100_quota(flavor: str | None) -> None:
+    from tideflow.broker.kubernetes import MERGE, ClusterTarget, KubernetesActuator
+
+    queue = named("ClusterQueue", ClusterTarget().training_queue)
+    target = ClusterTarget(queue_kind="kueue", kueue_flavor=flavor)
+    actuator = KubernetesActuator(None, target)
+    fake = FakeCustomObjects(queue)
+    actuator.custom = fake
+    actuator._set_training_quota(64)
+    ((name, _body, content),) = fake.patches
+    assert (name, content) == ("training", MERGE)
+    quotas = {
+        (f["name"], r["name"]): r["nominalQuota"]
+        for group in fake.queue["spec"]["resourceGroups"]
+        for f in group["flavors"]
+        for r in f["resources"]
+    }
+    assert quotas == {("h100", "nvidia.com/gpu"): "64"}
+    if SCHEMAS.is_dir():  # what the API server would receive still validates
+        assert validate(fake.queue, schema_for(fake.queue)) == []
+
+
+def test_the_broker_finds_no_quota_in_a_team_queue_flavor_it_does_not_manage() -> None:
+    from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
+
+    actuator = KubernetesActuator(None, ClusterTarget(queue_kind="kueue", kueue_flavor="a100"))
+    actuator.custom = FakeCustomObjects(named("ClusterQueue", "training"))
+    with pytest.raises(ValueError, match=r"no nvidia\.com/gpu quota in flavor a100"):
+        actuator._set_training_quota(64)
 
 
 def test_gang_priority_classes_exist() -> None:
@@ -121,3 +485,309 @@ def test_gang_priority_classes_exist() -> None:
 
     defined = {o["metadata"]["name"] for o in by_kind("PriorityClass")}
     assert {name for _, name in KubeSettings().priority_classes} <= defined
+
+
+# -- No secrets in deploy/ ----------------------------------------------------------------
+
+# Variables that hold a secret (not the name of a Secret, such as TIDEFLOW_K8S_STORE_SECRET).
+SECRET_NAME = re.compile(
+    r"(SECRET_ACCESS_KEY|SECRET_KEY$|PASSWORD|PASSWD|TOKEN|CREDENTIALS?$|PRIVATE_KEY|_KEY_ID$|_KEY$)",
+    re.I,
+)
+SECRET_KEYS = {
+    "password",
+    "pass",
+    "fernetKey",
+    "jwtSecret",
+    "apiSecretKey",
+    "webserverSecretKey",
+    "sshKey",
+    "keytabBase64Content",
+    "token",
+}
+INLINE = [
+    re.compile(r"\w+://[^/\s:@]+:[^/\s@]+@"),  # user:password@ in a URI
+    re.compile(r"AKIA[0-9A-Z]{16}"),  # an AWS access key id
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+]
+
+
+def inline_secrets(node: Any, path: str = "") -> list[str]:
+    """Places in a parsed YAML document where a secret value is written out."""
+    found = []
+    if isinstance(node, dict):
+        if node.get("kind") == "Secret" and (node.get("data") or node.get("stringData")):
+            found.append(f"{path}: a Secret with its data")
+        name = node.get("name")
+        if isinstance(name, str) and SECRET_NAME.search(name) and node.get("value"):
+            found.append(f"{path}.{name}: a value instead of valueFrom")
+        for key, item in node.items():
+            if key in SECRET_KEYS and item not in (None, "", {}):
+                found.append(f"{path}.{key}")
+            found += inline_secrets(item, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            found += inline_secrets(item, f"{path}[{index}]")
+    elif isinstance(node, str):
+        found += [f"{path}: {p.pattern}" for p in INLINE if p.search(node)]
+        if "\n" in node or node.lstrip().startswith("- "):  # a templated YAML string
+            with contextlib.suppress(yaml.YAMLError):
+                found += inline_secrets(yaml.safe_load(node), path)
+    return found
+
+
+def test_nothing_secret_is_written_in_deploy() -> None:
+    files = sorted((REPO / "deploy").rglob("*.yaml"))
+    assert VALUES in files and DEPLOY / "mlflow.yaml" in files
+    for path in files:
+        for document in yaml.safe_load_all(path.read_text()):
+            assert inline_secrets(document) == [], path.name
+        text = path.read_text()
+        assert not any(p.search(text) for p in INLINE), path.name  # comments included
+
+
+def test_the_secret_scan_can_fail() -> None:
+    planted = [
+        {"env": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "abc"}]},
+        {"kind": "Secret", "stringData": {"uri": "x"}},
+        {"args": ["--backend-store-uri=postgresql://mlflow:hunter2@db:5432/mlflow"]},
+        {"webserver": {"defaultUser": {"password": "admin"}}},
+        {"extraEnv": "- name: GIT_TOKEN\n  value: abc\n"},
+    ]
+    for document in planted:
+        assert inline_secrets(document), document
+    references = {"env": [{"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {}}}]}
+    assert inline_secrets(references) == []
+
+
+# -- Helm values for the Airflow chart ---------------------------------------------------
+
+# Keys of the official chart's values.yaml (apache/airflow chart/, 1.18 and 1.19) that
+# these values use, checked against the chart's values.yaml and values.schema.json.
+CHART_KEYS = {
+    "airflowVersion",
+    "defaultAirflowRepository",
+    "defaultAirflowTag",
+    "images",
+    "images.airflow",
+    "images.airflow.repository",
+    "images.airflow.tag",
+    "images.airflow.pullPolicy",
+    "executor",
+    "postgresql",
+    "postgresql.enabled",
+    "data",
+    "data.metadataSecretName",
+    "fernetKeySecretName",
+    "apiSecretKeySecretName",
+    "jwtSecretName",
+    "createUserJob",
+    "createUserJob.enabled",
+    "dags",
+    "dags.gitSync",
+    *(
+        f"dags.gitSync.{key}"
+        for key in (
+            "enabled",
+            "repo",
+            "branch",
+            "ref",
+            "rev",
+            "subPath",
+            "depth",
+            "period",
+            "credentialsSecret",
+            "securityContexts",
+        )
+    ),
+    "env",
+    "extraEnvFrom",
+    "workers",
+    "workers.serviceAccount",
+    "workers.serviceAccount.create",
+    "workers.serviceAccount.name",
+    "workers.securityContexts",
+    "workers.resources",
+    "scheduler",
+    "scheduler.securityContexts",
+    "dagProcessor",
+    "dagProcessor.securityContexts",
+    "dagProcessor.resources",
+    "triggerer",
+    "triggerer.serviceAccount",
+    "triggerer.serviceAccount.create",
+    "triggerer.serviceAccount.name",
+    "triggerer.securityContexts",
+    "apiServer",
+    "apiServer.securityContexts",
+    "config",
+}
+# Free-form below these keys: Kubernetes objects or Airflow's own configuration.
+FREE_FORM = {
+    "config",
+    "workers.resources",
+    "dagProcessor.resources",
+    "workers.serviceAccount.annotations",
+    *(
+        f"{component}.securityContexts.{level}"
+        for component in ("workers", "scheduler", "dagProcessor", "triggerer", "apiServer")
+        for level in ("pod", "container")
+    ),
+    "dags.gitSync.securityContexts.container",
+}
+
+
+def value_keys(node: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, item in node.items():
+        path = f"{prefix}{key}"
+        if path in FREE_FORM:
+            continue
+        keys.append(path)
+        if isinstance(item, dict):
+            keys += value_keys(item, f"{path}.")
+    return keys
+
+
+def test_helm_values_use_only_keys_the_chart_has() -> None:
+    unknown = [k for k in value_keys(values()) if k not in CHART_KEYS]
+    assert unknown == []
+    misspelled = {**values(), "executer": "KubernetesExecutor"}
+    assert [k for k in value_keys(misspelled) if k not in CHART_KEYS] == ["executer"]
+
+
+def chart_env() -> dict[str, str]:
+    return {e["name"]: e["value"] for e in values()["env"]}
+
+
+def test_helm_values_run_tideflow_on_the_kubernetes_executor() -> None:
+    chart = values()
+    assert chart["executor"] == "KubernetesExecutor"
+    assert chart["airflowVersion"].startswith("3.3.")
+    assert chart["postgresql"]["enabled"] is False  # a managed database
+    # A custom image with tideflow, for every container and task pod.
+    image = chart["images"]["airflow"]
+    assert image["repository"] != "apache/airflow" and image["tag"]
+    assert (chart["defaultAirflowRepository"], chart["defaultAirflowTag"]) == (
+        image["repository"],
+        image["tag"],
+    )
+
+
+def test_helm_values_sync_dags_from_git_with_a_credentials_secret() -> None:
+    sync = values()["dags"]["gitSync"]
+    assert sync["enabled"] is True
+    assert sync["repo"].startswith(("https://", "ssh://", "git@"))
+    assert sync["branch"] and sync["ref"] and sync["subPath"] == "dags"
+    assert sync["credentialsSecret"]
+    assert "sshKey" not in sync and "password" not in str(sync).lower()
+    # The pipelines sit beside the DAG files in the synced checkout.
+    env = chart_env()
+    checkout = "/opt/airflow/dags/repo"
+    assert env["TIDEFLOW_PIPELINES_DIR"] == f"{checkout}/pipelines"
+    assert (REPO / "pipelines").is_dir() and (REPO / sync["subPath"]).is_dir()
+
+
+def test_helm_values_configure_tideflow_for_the_cluster() -> None:
+    from tideflow.kube.settings import SCHEDULERS, kube_settings_from_env
+
+    env = chart_env()
+    assert {
+        "TIDEFLOW_PIPELINES_DIR",
+        "MLFLOW_TRACKING_URI",
+        "TIDEFLOW_BACKEND",
+        "TIDEFLOW_K8S_NAMESPACE",
+        "TIDEFLOW_K8S_IMAGE",
+        "TIDEFLOW_K8S_GANG_SCHEDULER",
+    } <= set(env)
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.tideflow:5000"
+    assert env["TIDEFLOW_BACKEND"] == "kubernetes"
+    assert env["TIDEFLOW_ARTIFACT_ROOT"].startswith("s3://")  # gang pods must reach it
+    settings = kube_settings_from_env(env)  # refuses a bad value by its variable's name
+    assert settings.namespace == "tideflow" and settings.gang_scheduler in SCHEDULERS
+    assert settings.image == env["TIDEFLOW_K8S_IMAGE"]
+    # S3 credentials from the same Secret the gang pods read, by reference.
+    (source,) = yaml.safe_load(values()["extraEnvFrom"])
+    assert source == {"secretRef": {"name": settings.store_secret}}
+
+
+def values_pod() -> dict[str, Any]:
+    """The Kubernetes fragments of the values, put where the chart puts them in a task pod."""
+    chart = values()
+    workers = chart["workers"]
+    sync = chart["dags"]["gitSync"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "task", "namespace": "tideflow"},
+        "spec": {
+            "serviceAccountName": workers["serviceAccount"]["name"],
+            "securityContext": workers["securityContexts"]["pod"],
+            "initContainers": [
+                {
+                    "name": "git-sync-init",
+                    "image": "registry.k8s.io/git-sync/git-sync:v4.4.2",
+                    "securityContext": sync["securityContexts"]["container"],
+                    "env": [
+                        {
+                            "name": key,
+                            "valueFrom": {
+                                "secretKeyRef": {"name": sync["credentialsSecret"], "key": key}
+                            },
+                        }
+                        for key in ("GITSYNC_USERNAME", "GITSYNC_PASSWORD")
+                    ],
+                }
+            ],
+            "containers": [
+                {
+                    "name": "base",
+                    "image": f"{chart['images']['airflow']['repository']}:"
+                    f"{chart['images']['airflow']['tag']}",
+                    "env": chart["env"],
+                    "envFrom": yaml.safe_load(chart["extraEnvFrom"]),
+                    "securityContext": workers["securityContexts"]["container"],
+                    "resources": workers["resources"],
+                }
+            ],
+        },
+    }
+
+
+def test_helm_values_fragments_validate_inside_a_pod() -> None:
+    import kubernetes_validate
+
+    chart = values()
+    pod = values_pod()
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert restricted_problems(pod["spec"]) == []
+    for component in ("scheduler", "dagProcessor", "triggerer", "apiServer"):
+        contexts = chart[component]["securityContexts"]
+        one = copy.deepcopy(pod)
+        one["spec"]["securityContext"] = contexts["pod"]
+        one["spec"]["containers"][0]["securityContext"] = contexts["container"]
+        kubernetes_validate.validate(one, K8S_VERSION, strict=True)
+        assert restricted_problems(one["spec"]) == [], component
+    broken = copy.deepcopy(pod)
+    broken["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalaton"] = False
+    with pytest.raises(kubernetes_validate.ValidationError, match="allowPrivilegeEscalaton"):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+# -- The guide ----------------------------------------------------------------------------
+
+
+def test_the_guide_builds_the_image_the_values_name_and_applies_every_manifest() -> None:
+    guide = GUIDE.read_text()
+    chart = values()
+    blocks = re.findall(r"```dockerfile\n(.*?)```", guide, flags=re.S)
+    airflow = [b for b in blocks if b.startswith("FROM apache/airflow:")]
+    assert airflow, "the guide shows the Airflow image's Dockerfile"
+    assert airflow[0].startswith(f"FROM apache/airflow:{chart['airflowVersion']}")
+    assert "pip install" in airflow[0] and "tideflow" in airflow[0]
+    assert f"{chart['images']['airflow']['repository']}:{chart['images']['airflow']['tag']}" in (
+        guide
+    )
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        assert f"deploy/kubernetes/{path.name}" in guide, path.name
+    assert "deploy/helm/airflow-values.yaml" in guide
