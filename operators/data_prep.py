@@ -8,7 +8,8 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
 from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
-from tideflow.operators.entrypoints import EntryPointRunner, describe
+from tideflow.operators.entrypoints import EntryPointRunner
+from tideflow.steps.entrypoints import StepError, declared_outputs
 
 
 class DataPrepOperator(EntryPointRunner, TideflowOperator):
@@ -58,13 +59,10 @@ class DataPrepOperator(EntryPointRunner, TideflowOperator):
     def _run(self, context: Context) -> dict[str, str]:
         ctx = self.step_context(context, self.outputs)
         raw = self.run_entrypoint(ctx, self.entrypoint, self.args, self.env)
-        outputs = {name: str(value) for name, value in raw.items()}
-        missing = [name for name in self.outputs if name not in outputs]
-        if missing:
-            raise AirflowException(
-                f"step '{self.task_id}': {describe(self.entrypoint)} did not return declared "
-                f"output(s) {missing}; it returned {sorted(outputs)}"
-            )
+        try:
+            outputs = declared_outputs(self.task_id, self.entrypoint, self.outputs, raw)
+        except StepError as exc:
+            raise AirflowException(str(exc)) from exc
         for name, uri in sorted(outputs.items()):
             self.log.info("tideflow: output %s = %s", name, uri)
         return outputs

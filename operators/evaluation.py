@@ -19,8 +19,10 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
-from tideflow.operators.entrypoints import EntryPointRunner, describe
+from tideflow.operators.entrypoints import EntryPointRunner
 from tideflow.operators.triggers import DeviceTrigger
+from tideflow.steps.entrypoints import StepError
+from tideflow.steps.evaluation import checkpoint_facts, declared_metrics, entrypoint_args
 
 LEASE_TTL_S = 3600.0
 _VISIBLE = {"gpu": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
@@ -122,12 +124,7 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
         source = self.sources.get("checkpoint")
         if source is None:
             return {}
-        pulled = context["ti"].xcom_pull(task_ids=source) or {}
-        return {
-            k: pulled[k]
-            for k in ("checkpoint", "checkpoint_store", "checkpoint_step", "checkpoint_checksum")
-            if k in pulled
-        }
+        return checkpoint_facts(context["ti"].xcom_pull(task_ids=source) or {})
 
     def _evaluate(
         self, context: Context, preference: str, device_class: str, lease: Any
@@ -151,17 +148,14 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
         label = f"{where} ({preference}{', emulated on the CPU' if emulated else ''})"
         self.log.info("tideflow: evaluating on %s", label)
         upstream = self._upstream(context)
-        args = {**{k: v for k, v in upstream.items() if k != "checkpoint_checksum"}, **self.args}
+        args = entrypoint_args(upstream, self.args)
         run_id = track_step(self, context, "evaluation")
         try:
             outputs = self.run_entrypoint(self.step_context(context), self.entrypoint, args, env)
-            missing = [m for m in self.metrics if m not in outputs]
-            if missing:
-                raise AirflowException(
-                    f"step '{self.task_id}': {describe(self.entrypoint)} did "
-                    f"not return declared metric(s) {missing}"
-                )
-            metrics = {m: float(outputs[m]) for m in self.metrics}
+            try:
+                metrics = declared_metrics(self.task_id, self.entrypoint, self.metrics, outputs)
+            except StepError as exc:
+                raise AirflowException(str(exc)) from exc
         except BaseException:
             finish_tracking(self, run_id, succeeded=False, tags={"tideflow.device": label})
             raise

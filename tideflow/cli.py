@@ -1,4 +1,4 @@
-"""``tideflow`` command line: validate, schema, plan, run, pools.
+"""``tideflow`` command line: validate, schema, plan, compile, run, pools, broker.
 
 Errors in user input are printed as ``file:line:col: field: problem; accepted``
 and never as a Python traceback. Exit codes: 0 success, 1 invalid input or a
@@ -104,6 +104,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"     devices (preference): {', '.join(config['devices'])}")
         elif task.kind == "promote_checkpoint":
             print(f"     model {config['model']} -> alias {config['alias']}")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Airflow: the DAG summary (as ``plan``). Argo: a WorkflowTemplate, written or printed."""
+    if args.target == "airflow":
+        if args.output:
+            print("tideflow compile: -o applies to --target argo", file=sys.stderr)
+            return 2
+        return cmd_plan(
+            argparse.Namespace(pipeline=args.pipeline, cluster=args.cluster, json=False)
+        )
+    from tideflow.kube.settings import kube_settings_from_env
+
+    try:
+        settings = kube_settings_from_env()
+    except ValueError as exc:
+        print(f"tideflow compile: {exc}", file=sys.stderr)
+        return 2
+    # hera is an edge dependency (the platform extra): imported only for this command.
+    from tideflow.argo import compile_pipeline, write
+
+    inventory = _inventory(args.cluster)
+    if args.output:
+        target = write(args.pipeline, args.output, settings=settings, inventory=inventory)
+        print(f"wrote {target}")
+    else:
+        sys.stdout.write(compile_pipeline(args.pipeline, settings=settings, inventory=inventory)[1])
     return 0
 
 
@@ -264,10 +292,31 @@ def _kubernetes_broker(settings: Any, journal: Path) -> tuple[Any, Any, Any, Any
     return load_source_from(settings.load), actuator, config, DecisionJournal(journal)
 
 
+def _add_compile(sub: Any) -> None:
+    compile_ = sub.add_parser(
+        "compile",
+        help="compile a pipeline for an engine: an Argo WorkflowTemplate, or the Airflow DAG",
+        description="Compile a pipeline. --target argo writes an Argo WorkflowTemplate "
+        "(one DAG task per step, the gang step as a Volcano Job) to "
+        "DIR/<pipeline>.workflowtemplate.yaml, or prints it without -o; namespace, image, "
+        "store Secret and MLflow address come from TIDEFLOW_K8S_* and TIDEFLOW_ARTIFACT_ROOT. "
+        "--target airflow prints the DAG summary, as `tideflow plan` does.",
+    )
+    compile_.add_argument("pipeline")
+    compile_.add_argument("--target", choices=["argo", "airflow"], required=True)
+    compile_.add_argument("-o", "--output", metavar="DIR", help="directory to write into")
+    compile_.add_argument(
+        "--cluster",
+        help="cluster inventory file: an evaluation runs on the first of its devices the "
+        "cluster has (default: $TIDEFLOW_CLUSTER_FILE)",
+    )
+    compile_.set_defaults(func=cmd_compile)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tideflow",
-        description="Declarative ML training pipelines: YAML -> Airflow DAGs.",
+        description="Declarative ML training pipelines: YAML -> Airflow DAGs and Argo Workflows.",
     )
     parser.add_argument("--version", action="version", version=f"tideflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -303,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--cluster", help="cluster inventory file (default: $TIDEFLOW_CLUSTER_FILE)")
     plan.add_argument("--json", action="store_true", help="print the compiled plan as JSON")
     plan.set_defaults(func=cmd_plan)
+
+    _add_compile(sub)
 
     run = sub.add_parser(
         "run",

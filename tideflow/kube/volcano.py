@@ -18,8 +18,9 @@ from typing import Any
 
 from tideflow.compile.dag_plan import DagPlan, TaskPlan
 from tideflow.kube.names import dns_label
+from tideflow.kube.pods import DEVICE_RESOURCES, RUN_AS_USER, restricted
 
-DEVICE_RESOURCES = {"gpu": "nvidia.com/gpu", "npu": "huawei.com/Ascend910"}
+_restricted = restricted  # its old name, for modules that import it from here
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
 EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
 
@@ -42,15 +43,6 @@ class KubeSettings:
 
     def priority_class(self, priority: int) -> str:
         return next(name for floor, name in self.priority_classes if priority >= floor)
-
-
-def _restricted() -> dict[str, Any]:
-    return {
-        "allowPrivilegeEscalation": False,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
 
 
 @dataclass(frozen=True)
@@ -159,7 +151,7 @@ def gang_pod_spec(shape: GangShape, settings: KubeSettings, *, master_addr: str)
         "command": list(shape.command),
         "env": env,
         "resources": resources,
-        "securityContext": _restricted(),
+        "securityContext": restricted(),
         "ports": [{"name": "rendezvous", "containerPort": settings.master_port}],
     }
     if settings.store_secret:
@@ -170,7 +162,7 @@ def gang_pod_spec(shape: GangShape, settings: KubeSettings, *, master_addr: str)
         "priorityClassName": settings.priority_class(shape.priority),
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": 10001,
+            "runAsUser": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],

@@ -1,0 +1,564 @@
+"""`tideflow compile --target argo`: the pipeline as an Argo WorkflowTemplate, through hera.
+
+The emitted object round-trips through hera's generated Argo model, has the
+Airflow DAG's steps and dependencies, mirrors the params, runs the gang as a
+Volcano Job (valid against Volcano's CRD schema once Argo has filled in the
+parameters; skipped with the reason where ../shared is absent), places and
+secures every pod, and refers only to variables Argo can resolve. Templates
+with no Argo form are refused with the file, line, field and what is accepted.
+It equals its golden file (regenerate with TIDEFLOW_UPDATE_GOLDEN=1, never in CI).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.argo_run import dag_tasks, defaults, substitute, templates, variables
+from tests.crd_schema import SCHEMAS, crd_schema, validate
+from tideflow.argo import compile_pipeline, render
+from tideflow.compile.dag_plan import compile_dag_plan
+from tideflow.compile.templates import OutputRef, ParamRef, TemplateError, references, rewrite
+from tideflow.inventory import Inventory
+from tideflow.kube import KubeSettings
+from tideflow.kube.argo import compile_workflow
+from tideflow.spec import SpecError, load_cluster, load_pipeline
+
+GOLDEN = Path(__file__).with_name("golden") / "digits.argo.yaml"
+K8S_VERSION = "1.33"
+
+
+@pytest.fixture(scope="module")
+def digits_text(repo: Path) -> str:
+    return compile_pipeline(repo / "pipelines" / "digits.yaml", settings=KubeSettings())[1]
+
+
+@pytest.fixture(scope="module")
+def digits(digits_text: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(digits_text)
+    return loaded
+
+
+def write(tmp_path: Path, text: str, name: str = "p.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def pipeline(steps: str, params: str = "  seed: {type: int, default: 1}\n") -> str:
+    return (
+        "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata: {name: p, team: qa}\n"
+        f"params:\n{params}steps:\n{textwrap.dedent(steps)}"
+    )
+
+
+# -- the golden file and purity -------------------------------------------------------------
+
+
+def test_digits_matches_its_golden_file(digits_text: str) -> None:
+    if os.environ.get("TIDEFLOW_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(digits_text)
+    assert digits_text == GOLDEN.read_text(), "regenerate with TIDEFLOW_UPDATE_GOLDEN=1 and review"
+
+
+def test_compiling_is_a_pure_function_of_spec_and_settings(repo: Path) -> None:
+    spec = load_pipeline(repo / "pipelines" / "digits.yaml")
+    first = render(compile_workflow(spec, settings=KubeSettings()), "digits.yaml")
+    again = render(compile_workflow(spec, settings=KubeSettings()), "digits.yaml")
+    assert first == again
+    elsewhere = KubeSettings(namespace="ml", image="r.example/tideflow:2")
+    other = render(compile_workflow(spec, settings=elsewhere), "digits.yaml")
+    assert other != first and "namespace: ml" in other and "r.example/tideflow:2" in other
+
+
+def test_the_core_compiler_imports_no_hera() -> None:
+    code = (
+        "import sys, tideflow.kube.argo, tideflow.compile.templates, tideflow.steps.standalone;"
+        "sys.exit(any(m == 'hera' or m.startswith(('hera.', 'airflow')) for m in sys.modules))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# -- hera's model -------------------------------------------------------------------------
+
+
+def round_trip(obj: dict[str, Any]) -> dict[str, Any]:
+    from hera.workflows.models import WorkflowTemplate
+
+    dumped: dict[str, Any] = WorkflowTemplate.model_validate(obj).model_dump(
+        by_alias=True, exclude_none=True, mode="json"
+    )
+    return dumped
+
+
+def unknown_fields(value: Any, annotation: Any, path: str = "") -> list[str]:
+    """Keys of ``value`` that the generated model (``annotation``) has no field for."""
+    from pydantic import BaseModel, RootModel
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return min((unknown_fields(value, a, path) for a in args), key=len)
+    if origin is list and isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in unknown_fields(v, args[0], f"{path}[{i}]")]
+    if origin is dict and isinstance(value, dict):
+        return [p for k, v in value.items() for p in unknown_fields(v, args[1], f"{path}.{k}")]
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    if not is_model or issubclass(annotation, RootModel) or not isinstance(value, dict):
+        return []
+    fields = {(f.alias or name): f for name, f in annotation.model_fields.items()}
+    found = []
+    for key, item in value.items():
+        if key in fields:
+            found += unknown_fields(item, fields[key].annotation, f"{path}.{key}")
+        else:
+            found.append(f"{path}.{key}")
+    return found
+
+
+def test_round_trips_through_heras_generated_model(digits: dict[str, Any]) -> None:
+    from hera.workflows.models import WorkflowTemplate
+
+    assert round_trip(digits) == digits
+    assert unknown_fields(digits, WorkflowTemplate) == []
+    # The generated model ignores unknown fields rather than refusing them, so a
+    # misspelled field is found by name, and does not survive the round trip.
+    assert WorkflowTemplate.model_config.get("extra") in (None, "ignore")
+    broken = copy.deepcopy(digits)
+    step = templates(broken)["prepare-data"]
+    step["retryStrategi"] = step.pop("retryStrategy")
+    step["container"]["securityContext"]["runAsNonRot"] = True
+    assert unknown_fields(broken, WorkflowTemplate) == [
+        ".spec.templates[1].container.securityContext.runAsNonRot",
+        ".spec.templates[1].retryStrategi",
+    ]
+    assert round_trip(broken) != broken
+
+
+# -- the DAG and its params -----------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_steps_and_dependencies_equal_the_airflow_dags(repo: Path, digits: dict[str, Any]) -> None:
+    from tideflow.dag.builder import build_dag
+
+    plan = compile_dag_plan(load_pipeline(repo / "pipelines" / "digits.yaml"))
+    argo = {t["name"]: sorted(t.get("dependencies", [])) for t in dag_tasks(digits)}
+    assert argo == {t.task_id: sorted(t.upstream) for t in plan.tasks}
+    airflow = {t.task_id: sorted(t.upstream_task_ids) for t in build_dag(plan).tasks}
+    assert argo == airflow
+    assert set(templates(digits)) == {*argo, digits["spec"]["entrypoint"]}
+
+
+def test_workflow_parameters_mirror_the_params(tmp_path: Path) -> None:
+    params = """\
+      lr: {type: float, default: 0.001, description: Learning rate}
+      optimizer: {type: enum, values: [sgd, adam], default: adam}
+      verbose: {type: bool, default: true}
+    """
+    path = write(
+        tmp_path,
+        pipeline(
+            """\
+            - name: prep
+              data_prep:
+                entrypoint: tideflow.examples.digits:prepare
+                args: {lr: "{{ params.lr }}", optimizer: "{{ params['optimizer'] }}"}
+            """,
+            textwrap.indent(textwrap.dedent(params), "  "),
+        ),
+    )
+    workflow = yaml.safe_load(compile_pipeline(path, settings=KubeSettings())[1])
+    mirrored = {p["name"]: p for p in workflow["spec"]["arguments"]["parameters"]}
+    assert mirrored == {
+        "lr": {"name": "lr", "value": "0.001", "description": "Learning rate"},
+        "optimizer": {"name": "optimizer", "value": "adam", "enum": ["sgd", "adam"]},
+        "verbose": {"name": "verbose", "value": "true"},
+    }
+    args = templates(workflow)["prep"]["container"]["args"]
+    assert "args/lr:float={{workflow.parameters.lr}}" in args
+    assert "args/optimizer:str={{workflow.parameters.optimizer}}" in args
+    assert "verbose:bool={{workflow.parameters.verbose}}" in args
+
+
+def test_upstream_outputs_flow_through_task_arguments(digits: dict[str, Any]) -> None:
+    (train,) = [t for t in dag_tasks(digits) if t["name"] == "train"]
+    passed = {p["name"]: p["value"] for p in train["arguments"]["parameters"]}
+    assert passed == {
+        "prepare-data_train": "{{tasks.prepare-data.outputs.parameters.train}}",
+        "prepare-data_validation": "{{tasks.prepare-data.outputs.parameters.validation}}",
+    }
+    template = templates(digits)["train"]
+    assert [p["name"] for p in template["inputs"]["parameters"]] == sorted(passed)
+    manifest = template["resource"]["manifest"]
+    assert "'{{inputs.parameters.prepare-data_train}}'" in manifest
+    prep = templates(digits)["prepare-data"]
+    assert prep["outputs"]["parameters"] == [
+        {"name": name, "valueFrom": {"path": f"/tmp/tideflow/outputs/{name}"}}
+        for name in ("train", "validation")
+    ]
+
+
+def test_every_variable_resolves_in_its_scope(digits: dict[str, Any]) -> None:
+    """What Argo's validation checks: each {{...}} names something in scope."""
+    declared = {p["name"] for p in digits["spec"]["arguments"]["parameters"]}
+    global_scope = {"workflow.name"} | {f"workflow.parameters.{p}" for p in declared}
+    outputs = {
+        name: {p["name"] for p in (t.get("outputs") or {}).get("parameters", [])}
+        for name, t in templates(digits).items()
+    }
+    ancestors: dict[str, set[str]] = {}
+    for task in dag_tasks(digits):
+        needs = set(task.get("dependencies", []))
+        ancestors[task["name"]] = needs.union(*(ancestors[n] for n in needs))
+        offered = {
+            f"tasks.{up}.outputs.parameters.{out}"
+            for up in ancestors[task["name"]]
+            for out in outputs[up]
+        }
+        for argument in (task.get("arguments") or {}).get("parameters", []):
+            assert variables(argument["value"]) <= offered | global_scope, argument
+        template = templates(digits)[task["template"]]
+        scope = global_scope | {
+            f"inputs.parameters.{p['name']}"
+            for p in (template.get("inputs") or {}).get("parameters", [])
+        }
+        if "retryStrategy" in template:
+            scope.add("retries")
+        body = yaml.safe_dump({k: v for k, v in template.items() if k != "outputs"})
+        assert variables(body) <= scope, (task["name"], variables(body) - scope)
+
+
+# -- the gang step ----------------------------------------------------------------------------
+
+
+def volcano_job(digits: dict[str, Any], **params: Any) -> dict[str, Any]:
+    """The Job Argo creates: the manifest with the run's values filled in."""
+    resource = templates(digits)["train"]["resource"]
+    scope = {"workflow.name": "digits-x7k2p", "retries": "0", **defaults(digits, **params)}
+    scope |= {
+        f"inputs.parameters.{p['name']}": f"s3://tideflow/artifacts/digits/x/{p['name']}.npz"
+        for p in templates(digits)["train"]["inputs"]["parameters"]
+    }
+    job: dict[str, Any] = yaml.safe_load(substitute(resource["manifest"], scope))
+    return job
+
+
+def test_gang_step_is_a_volcano_job_resource(digits: dict[str, Any]) -> None:
+    template = templates(digits)["train"]
+    resource = template["resource"]
+    assert resource["action"] == "create" and resource["setOwnerReference"] is True
+    assert resource["successCondition"] == "status.state.phase == Completed"
+    assert resource["failureCondition"] == "status.state.phase in (Failed,Terminated,Aborted)"
+    # Argo fills the size in before creating the object: an unquoted number.
+    assert "minAvailable: {{workflow.parameters.workers}}" in resource["manifest"]
+    job = volcano_job(digits)
+    assert job["apiVersion"] == "batch.volcano.sh/v1alpha1" and job["kind"] == "Job"
+    spec = job["spec"]
+    assert spec["minAvailable"] == 2 and spec["tasks"][0]["replicas"] == 2
+    assert volcano_job(digits, workers=1)["spec"]["minAvailable"] == 1
+    assert spec["queue"] == "vision" and spec["maxRetry"] == 2
+    # One Job per attempt, all of them resuming from the run's own checkpoint store.
+    assert job["metadata"]["name"] == "digits-x7k2p-train-0"
+    (container,) = spec["tasks"][0]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["WORLD_SIZE"] == "2"
+    assert env["MASTER_ADDR"] == "digits-x7k2p-train-0-worker-0.digits-x7k2p-train-0"
+    assert env["TIDEFLOW_CHECKPOINT_URI"] == (
+        "s3://tideflow/artifacts/digits/digits-x7k2p/train/checkpoints"
+    )
+    assert container["command"][-6:] == ["--lr", "0.05", "--epochs", "10", "--seed", "42"]
+    assert job["metadata"]["labels"]["tideflow.io/gang"] == "digits-x7k2p-train"
+
+
+@pytest.mark.skipif(not SCHEMAS.is_dir(), reason=f"no CRD schemas at {SCHEMAS}")
+def test_gang_job_validates_against_volcanos_crd_schema(digits: dict[str, Any]) -> None:
+    schema = crd_schema("volcano/batch.volcano.sh_jobs.yaml", "v1alpha1")
+    assert validate(volcano_job(digits), schema) == []
+    assert validate(volcano_job(digits, workers=1), schema) == []
+    broken = volcano_job(digits, workers="two")
+    assert any("minAvailable" in problem for problem in validate(broken, schema))
+
+
+def test_gang_size_must_be_a_number_or_an_int_param(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        pipeline(
+            """\
+            - name: train
+              gang_training:
+                entrypoint: [python, -m, my.train]
+                workers: "{{ params.seed + 1 }}"
+            """
+        ),
+    )
+    with pytest.raises(SpecError) as caught:
+        compile_pipeline(path, settings=KubeSettings())
+    assert "steps[0].gang_training.workers: '{{ params.seed + 1 }}' cannot size" in str(
+        caught.value
+    )
+
+
+# -- pods ---------------------------------------------------------------------------------------
+
+
+def as_pod(template: dict[str, Any]) -> dict[str, Any]:
+    """The Pod Argo makes of a container template (the parts tideflow sets)."""
+    spec: dict[str, Any] = {"containers": [{"name": "main", **template["container"]}]}
+    for key in ("securityContext", "nodeSelector", "tolerations", "affinity", "priorityClassName"):
+        if key in template:
+            spec[key] = template[key]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}
+
+
+def restricted_problems(pod: dict[str, Any]) -> list[str]:
+    """What keeps a pod spec from the "restricted" Pod Security Standard (its main points)."""
+    problems = []
+    context = pod.get("securityContext") or {}
+    for container in pod["containers"]:
+        own = container.get("securityContext") or {}
+        if own.get("allowPrivilegeEscalation") is not False:
+            problems.append("allowPrivilegeEscalation")
+        if own.get("capabilities", {}).get("drop") != ["ALL"]:
+            problems.append("capabilities")
+        if not (own.get("runAsNonRoot") or context.get("runAsNonRoot")):
+            problems.append("runAsNonRoot")
+        if 0 in (own.get("runAsUser"), context.get("runAsUser")):
+            problems.append("root")
+        seccomp = own.get("seccompProfile") or context.get("seccompProfile") or {}
+        if seccomp.get("type") != "RuntimeDefault":
+            problems.append("seccomp")
+    return problems
+
+
+def container_templates(workflow: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: t for n, t in templates(workflow).items() if "container" in t}
+
+
+def test_every_pod_is_restricted_and_valid_kubernetes(digits: dict[str, Any]) -> None:
+    import kubernetes_validate
+
+    steps = container_templates(digits)
+    assert set(steps) == {"prepare-data", "evaluate", "promote"}
+    for template in steps.values():
+        pod = as_pod(template)
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+        assert restricted_problems(pod["spec"]) == []
+    worker = volcano_job(digits)["spec"]["tasks"][0]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", **worker}
+    pod["metadata"] = {"name": "w", **worker["metadata"]}
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert restricted_problems(pod["spec"]) == []
+    # The pod of the resource step (Argo's own) is restricted at the pod level too.
+    assert templates(digits)["train"]["securityContext"]["runAsNonRoot"] is True
+    broken = as_pod(steps["promote"])
+    broken["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+    assert restricted_problems(broken["spec"]) == ["allowPrivilegeEscalation"]
+
+
+def test_pods_select_their_pool_and_tolerate_its_taint(digits: dict[str, Any]) -> None:
+    from tideflow.broker.kubernetes import POOL_LABEL, TAINT_KEY
+
+    toleration = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+    pools = {}
+    for name, template in templates(digits).items():
+        if "dag" in template:
+            continue
+        assert toleration in template["tolerations"], name
+        pools[name] = template["nodeSelector"][POOL_LABEL]
+    assert pools == {"prepare-data": "cpu", "train": "cpu", "evaluate": "npu", "promote": "cpu"}
+    worker = volcano_job(digits)["spec"]["tasks"][0]["template"]["spec"]
+    assert worker["nodeSelector"] == {POOL_LABEL: "cpu"} and toleration in worker["tolerations"]
+    evaluate = templates(digits)["evaluate"]["container"]
+    assert evaluate["resources"]["limits"]["huawei.com/Ascend910"] == "1"
+
+
+GPU_CLUSTER = """\
+apiVersion: tideflow/v1
+kind: Cluster
+metadata: {name: gpus}
+nodes:
+  - {name: g, count: 2, cpu: 32, accelerators: {class: gpu, model: H100, count: 8}}
+"""
+
+
+def test_evaluation_on_spare_gpus_takes_the_lowest_priority(repo: Path, tmp_path: Path) -> None:
+    """No NPU in the cluster: the next preference, a spare GPU of either pool, preempted first."""
+    cluster: Inventory = load_cluster(write(tmp_path, GPU_CLUSTER, "cluster.yaml"))
+    text = compile_pipeline(
+        repo / "pipelines" / "digits.yaml", settings=KubeSettings(), inventory=cluster
+    )[1]
+    evaluate = templates(yaml.safe_load(text))["evaluate"]
+    assert evaluate["priorityClassName"] == "tideflow-spare"
+    assert "nodeSelector" not in evaluate
+    (term,) = evaluate["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "tideflow.io/pool", "operator": "In", "values": ["training", "inference"]}
+    ]
+    container = evaluate["container"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {"name": "TIDEFLOW_DEVICE_CLASS", "value": "gpu"} in container["env"]
+    assert "gpu-spare" in container["args"]
+
+
+def test_store_settings_as_variables_and_credentials_only_by_secret(digits: dict[str, Any]) -> None:
+    for name, template in container_templates(digits).items():
+        container = template["container"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.tideflow:5000", name
+        assert env["TIDEFLOW_ARTIFACT_ROOT"] == "s3://tideflow/artifacts", name
+        assert container["envFrom"] == [{"secretRef": {"name": "tideflow-store"}}], name
+        assert not [k for k in env if any(s in k for s in ("SECRET", "KEY", "PASSWORD", "TOKEN"))]
+
+
+def test_retries_and_timeouts_follow_the_steps(digits: dict[str, Any], repo: Path) -> None:
+    plan = compile_dag_plan(load_pipeline(repo / "pipelines" / "digits.yaml"))
+    for task in plan.tasks:
+        template = templates(digits)[task.task_id]
+        if task.retries:
+            assert template["retryStrategy"] == {"limit": task.retries, "retryPolicy": "Always"}
+        else:
+            assert "retryStrategy" not in template
+        assert template.get("activeDeadlineSeconds") == task.timeout_seconds
+
+
+# -- templates ------------------------------------------------------------------------------
+
+
+def test_template_rewriting() -> None:
+    text = "--in={{ ti.xcom_pull(task_ids='prep')['train'] }} lr={{params.lr}} {{ params['x'] }}"
+    assert references(text) == [OutputRef("prep", "train"), ParamRef("lr"), ParamRef("x")]
+    assert rewrite("a {{ params.lr }} b", lambda ref: "<lr>") == "a <lr> b"
+    for bad in ("{{ params.lr | float }}", "{{ ds }}", "{% if x %}y{% endif %}", "{{ params.lr"):
+        with pytest.raises(TemplateError):
+            references(bad)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("{{ params.seed | int }}", "unsupported template '{{ params.seed | int }}'"),
+        ("{{ ds }}", "unsupported template '{{ ds }}'"),
+        ("{% raw %}x{% endraw %}", "a Jinja statement '{% ... %}'"),
+        (
+            "{{ ti.xcom_pull(task_ids='later')['out'] }}",
+            "reads an output of step 'later', which is not upstream of 'prep'",
+        ),
+    ],
+)
+def test_unsupported_templates_are_refused_with_file_line_and_field(
+    tmp_path: Path, value: str, problem: str
+) -> None:
+    path = write(
+        tmp_path,
+        pipeline(
+            f"""\
+            - name: prep
+              data_prep:
+                entrypoint: tideflow.examples.digits:prepare
+                args:
+                  seed: "{value}"
+            - name: later
+              needs: [prep]
+              data_prep: {{entrypoint: "m:f", outputs: [out]}}
+            """
+        ),
+    )
+    with pytest.raises(SpecError) as caught:
+        compile_pipeline(path, settings=KubeSettings())
+    (issue,) = caught.value.issues
+    assert str(issue).startswith(f"{path}:11:13: steps[0].data_prep.args.seed: {problem}; ")
+    assert issue.accepted
+
+
+def test_outputs_a_step_cannot_have_are_refused(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        pipeline(
+            """\
+            - name: prep
+              data_prep: {entrypoint: "m:f", outputs: [train, "bad.name"]}
+            - name: train
+              needs: [prep]
+              gang_training:
+                entrypoint: [python, -m, t, "{{ ti.xcom_pull(task_ids='prep')['test'] }}"]
+                workers: 1
+            - name: evaluate
+              needs: [train]
+              evaluation:
+                entrypoint: "m:f"
+                metrics: [accuracy]
+                args: {c: "{{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"}
+            """
+        ),
+    )
+    with pytest.raises(SpecError) as caught:
+        compile_pipeline(path, settings=KubeSettings())
+    text = str(caught.value)
+    assert caught.value.issues[0].file == str(path) and len(caught.value.issues) == 3
+    assert "steps[0].data_prep.outputs[1]: output name 'bad.name' is not an Argo" in text
+    assert "steps[1].gang_training.entrypoint[3]: step 'prep' has no output 'test'" in text
+    assert "one of its outputs: train, bad.name" in text
+    assert "steps[2].evaluation.args.c: reads 'checkpoint' of gang step 'train'" in text
+
+
+def test_a_gang_needs_a_command_entry_point(repo: Path) -> None:
+    with pytest.raises(SpecError) as caught:
+        compile_pipeline(
+            repo / "tests" / "data" / "pipelines" / "full.yaml", settings=KubeSettings()
+        )
+    (issue,) = caught.value.issues
+    assert issue.field == "steps[1].gang_training.entrypoint" and issue.line == 27
+    assert "module:function" in issue.problem and "a command as a list" in issue.accepted
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def tideflow(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tideflow.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_cli_writes_the_workflow_template(repo: Path, tmp_path: Path) -> None:
+    from tideflow.kube.settings import kube_settings_from_env
+
+    done = tideflow(
+        "compile", "--target", "argo", "pipelines/digits.yaml", "-o", str(tmp_path), cwd=repo
+    )
+    assert done.returncode == 0, done.stderr
+    written = tmp_path / "digits.workflowtemplate.yaml"
+    assert done.stdout.strip() == f"wrote {written}"
+    expected = compile_pipeline(
+        repo / "pipelines" / "digits.yaml", settings=kube_settings_from_env()
+    )
+    assert written.read_text() == expected[1]
+    airflow = tideflow("compile", "--target", "airflow", "pipelines/digits.yaml", cwd=repo)
+    plan = tideflow("plan", "pipelines/digits.yaml", cwd=repo)
+    assert airflow.returncode == 0 and airflow.stdout == plan.stdout
+
+
+def test_cli_reports_an_uncompilable_pipeline_like_validate(repo: Path) -> None:
+    done = tideflow("compile", "--target", "argo", "tests/data/pipelines/full.yaml", cwd=repo)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == "tests/data/pipelines/full.yaml: 1 problem"
+    assert lines[1].startswith("tests/data/pipelines/full.yaml:27:19: steps[1].gang_training")

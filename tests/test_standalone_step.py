@@ -1,0 +1,181 @@
+"""The standalone step executor: what the compiled Argo workflow's step containers run.
+
+The commands come from the compiled WorkflowTemplate itself, with Argo's
+variables filled in as Argo would (tests/argo_run.py): the digits data prep
+writes its split into a file:// artifact root and its output parameters to
+files; the whole workflow then runs here step after step (the gang as one
+worker of its Volcano Job), evaluation logs its metrics to an MLflow run, and
+promotion registers and promotes the checkpoint exactly once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.argo_run import REPO, run_locally, run_task, templates
+from tideflow.argo import compile_pipeline
+from tideflow.kube import KubeSettings
+from tideflow.steps.standalone import assign, parse_assignment, read_value
+
+WORKFLOW = "digits-x7k2p"
+
+
+def compiled(tmp_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """digits compiled for stores under ``tmp_path``, and the environment a pod would add."""
+    settings = KubeSettings(
+        artifact_root=(tmp_path / "artifacts").as_uri(),
+        mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )
+    text = compile_pipeline(REPO / "pipelines" / "digits.yaml", settings=settings)[1]
+    return yaml.safe_load(text), {"TIDEFLOW_HOME": str(tmp_path / "home")}
+
+
+def load_npz(uri: str) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(Path(urlparse(uri).path).read_bytes())) as data:
+        return {key: data[key] for key in data.files}
+
+
+def test_data_prep_runs_the_digits_entry_point_and_writes_its_outputs(tmp_path: Path) -> None:
+    workflow, env = compiled(tmp_path)
+    outputs = run_task(
+        workflow,
+        "prepare-data",
+        tmp_path / "out",
+        done={},
+        workflow_name=WORKFLOW,
+        env={**env, "MLFLOW_TRACKING_URI": ""},  # untracked: this test is about the data
+        validation_fraction=0.25,
+    )
+    root = (tmp_path / "artifacts").as_uri()
+    assert outputs == {
+        "train": f"{root}/digits/{WORKFLOW}/prepare-data/train.npz",
+        "validation": f"{root}/digits/{WORKFLOW}/prepare-data/validation.npz",
+    }
+    train, validation = load_npz(outputs["train"]), load_npz(outputs["validation"])
+    # The workflow parameter reached the entry point as a number.
+    assert len(validation["y"]) == 450 and len(train["y"]) == 1347
+    assert set(np.unique(validation["y"])) == set(range(10))
+
+
+def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    workflow, env = compiled(tmp_path)
+    outputs = run_locally(
+        workflow, tmp_path / "out", workflow_name=WORKFLOW, env=env, workers=1, epochs=3
+    )
+    evaluated = outputs["evaluate"]
+    store = f"{(tmp_path / 'artifacts').as_uri()}/digits/{WORKFLOW}/train/checkpoints"
+    assert evaluated["checkpoint_store"] == store
+    assert (
+        evaluated["checkpoint"]
+        == f"{store}/step-{int(evaluated['checkpoint_step']):012d}/MANIFEST.json"
+    )
+    metrics = json.loads(evaluated["metrics"])
+    assert set(metrics) == {"accuracy", "loss"} and metrics["accuracy"] > 0.8
+    assert float(evaluated["accuracy"]) == metrics["accuracy"]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("digits")
+    (run,) = client.search_runs([experiment.experiment_id], "tags.`tideflow.step` = 'evaluate'")
+    assert run.data.metrics == metrics and run.info.status == "FINISHED"
+    assert run.data.tags["tideflow.dag_run_id"] == WORKFLOW
+
+    promoted = outputs["promote"]
+    assert promoted["decision"] == "promoted" and promoted["version"] == "1"
+    assert promoted["model_uri"] == "models:/digits-classifier@champion"
+    champion = client.get_model_version_by_alias("digits-classifier", "champion")
+    assert str(champion.version) == "1"
+    assert champion.tags["tideflow.checkpoint"] == evaluated["checkpoint"]
+    assert champion.tags["tideflow.training_task"] == "train"
+
+    # A retried promotion (same workflow run) registers nothing new and moves nothing.
+    again = run_task(
+        workflow, "promote", tmp_path / "again", done=outputs, workflow_name=WORKFLOW, env=env
+    )
+    assert again["decision"] == "promoted" and again["version"] == "1"
+    assert len(client.search_model_versions("name = 'digits-classifier'")) == 1
+
+
+def executor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tideflow.steps.standalone", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+        check=False,
+    )
+
+
+def test_a_failing_entry_point_fails_the_step_with_its_last_lines(tmp_path: Path) -> None:
+    config = {"entrypoint": "tests.step_entrypoints:boom", "args": {}, "outputs": ["out"]}
+    common = ["--pipeline", "p", "--team", "qa", "--step", "prep", "--run-id", "r"]
+    done = executor(
+        "data_prep",
+        *common,
+        "--config",
+        json.dumps(config),
+        "--set",
+        "args/reason:str=broken on purpose",
+        "--outputs",
+        str(tmp_path),
+        env={"MLFLOW_TRACKING_URI": ""},
+    )
+    assert done.returncode == 1
+    assert "entry point tests.step_entrypoints:boom exited with code 1" in done.stderr
+    assert "broken on purpose" in done.stderr and not list(tmp_path.iterdir())
+    bad = executor("data_prep", *common, "--config", "[]", "--outputs", str(tmp_path))
+    assert bad.returncode == 2 and "--config is not a JSON object" in bad.stderr
+
+
+def test_no_checkpoint_in_the_store_fails_the_evaluation(tmp_path: Path) -> None:
+    config = {"entrypoint": "tests.step_entrypoints:report_device", "args": {}, "metrics": ["x"]}
+    done = executor(
+        "evaluation",
+        *["--pipeline", "p", "--team", "qa", "--step", "evaluate", "--run-id", "r"],
+        "--config",
+        json.dumps(config),
+        "--checkpoint-store",
+        (tmp_path / "empty").as_uri(),
+        "--outputs",
+        str(tmp_path / "out"),
+    )
+    assert done.returncode == 1
+    assert f"no committed checkpoint in {(tmp_path / 'empty').as_uri()}" in done.stderr
+
+
+def test_filled_in_values_keep_their_types_and_find_their_place() -> None:
+    doc: dict[str, Any] = {"args": {"a/b": None, "n": None}, "cmd": ["x", None]}
+    for item in ("args/a%2Fb:float=0.5", "args/n:int=7", "cmd/1:str=a=b:c", "new/flag:bool=true"):
+        assign(doc, *parse_assignment(item))
+    assert doc == {"args": {"a/b": 0.5, "n": 7}, "cmd": ["x", "a=b:c"], "new": {"flag": True}}
+    assert read_value("[1, 2]", "json") == [1, 2] and read_value("adam", "json") == "adam"
+    with pytest.raises(ValueError, match="not a boolean"):
+        read_value("maybe", "bool")
+    with pytest.raises(ValueError, match="PATH:TYPE=VALUE"):
+        parse_assignment("args/n=7")
+
+
+def test_every_container_runs_the_executor(tmp_path: Path) -> None:
+    workflow, _ = compiled(tmp_path)
+    for template in templates(workflow).values():
+        if "container" in template:
+            assert template["container"]["command"] == ["python", "-m", "tideflow.steps.standalone"]
+            assert template["container"]["args"][0] in (
+                "data_prep",
+                "evaluation",
+                "promote_checkpoint",
+            )

@@ -1,0 +1,133 @@
+"""Pieces every tideflow pod shares: restricted security, pool placement, store settings.
+
+* Security: every container meets the "restricted" Pod Security Standard
+  (non-root, no privilege escalation, all capabilities dropped, the runtime's
+  default seccomp profile).
+* Placement: nodes belong to a pool through the ``tideflow.io/pool`` label,
+  and pools keep other pods off with a ``NoSchedule`` taint of the same key;
+  the broker moves GPU nodes between the ``inference`` and ``training`` pools
+  that way (``tideflow.broker.kubernetes``). A pod selects its pool by the label
+  and tolerates the pool taint whatever its value: the selector, not the
+  toleration, decides where it lands.
+* Evaluation on a *spare* GPU may land on a GPU node of either pool, at the
+  lowest PriorityClass, so it runs on GPUs nobody uses now and is the first pod
+  the scheduler preempts when training or inference wants them back.
+* Store: MLflow's address and the artifact root as plain variables; S3
+  credentials only by reference to a Secret, never inline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tideflow.scheduling.preference import SPARE_PRIORITY
+
+if TYPE_CHECKING:  # volcano builds on this module, not the reverse
+    from tideflow.kube.volcano import KubeSettings
+
+DEVICE_RESOURCES = {"gpu": "nvidia.com/gpu", "npu": "huawei.com/Ascend910"}
+POOL_LABEL = "tideflow.io/pool"
+POOL_TAINT = "tideflow.io/pool"
+RUN_AS_USER = 10001
+
+# Node pools by where a step asks to run. GPU pools are the broker's two.
+POOLS: dict[str, tuple[str, ...]] = {
+    "cpu": ("cpu",),
+    "npu": ("npu",),
+    "gpu": ("training",),
+    "gpu-spare": ("training", "inference"),
+}
+
+
+def restricted() -> dict[str, Any]:
+    """A container securityContext that meets the "restricted" Pod Security Standard."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def restricted_pod() -> dict[str, Any]:
+    """The pod-level securityContext that goes with ``restricted()``."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a step's pods may run: node pools, the device they request, their priority."""
+
+    where: str  # cpu, npu, gpu or gpu-spare
+    priority_class: str | None = None
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        return POOLS[self.where]
+
+    @property
+    def device_class(self) -> str:
+        return self.where.split("-")[0]
+
+    def node_selector(self) -> dict[str, str] | None:
+        return {POOL_LABEL: self.pools[0]} if len(self.pools) == 1 else None
+
+    def affinity(self) -> dict[str, Any] | None:
+        if len(self.pools) == 1:
+            return None
+        term = {
+            "matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [*self.pools]}]
+        }
+        return {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+            }
+        }
+
+    def tolerations(self) -> list[dict[str, str]]:
+        return [{"key": POOL_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
+
+    def device_resources(self, count: int = 1) -> dict[str, str]:
+        """Requests (and limits) for ``count`` devices; empty on the CPU."""
+        resource = DEVICE_RESOURCES.get(self.device_class)
+        return {resource: str(count)} if resource else {}
+
+    def apply(self, pod_spec: dict[str, Any]) -> dict[str, Any]:
+        """``pod_spec`` placed: pool selector merged with any it has, tolerations, priority."""
+        placed = dict(pod_spec)
+        selector = self.node_selector()
+        if selector:
+            placed["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), **selector}
+        affinity = self.affinity()
+        if affinity:
+            placed["affinity"] = affinity
+        placed["tolerations"] = [*(pod_spec.get("tolerations") or []), *self.tolerations()]
+        if self.priority_class:
+            placed["priorityClassName"] = self.priority_class
+        return placed
+
+
+def placement(where: str, settings: KubeSettings) -> Placement:
+    """The placement of a step that asks for ``where`` (cpu, npu, gpu or gpu-spare)."""
+    if where not in POOLS:
+        raise ValueError(f"unknown placement {where!r}: accepted: {', '.join(POOLS)}")
+    spare = settings.priority_class(SPARE_PRIORITY) if where == "gpu-spare" else None
+    return Placement(where, spare)
+
+
+def store_env(settings: KubeSettings) -> list[dict[str, str]]:
+    """Where tracking and artifacts go; credentials come from ``store_env_from`` only."""
+    return [
+        {"name": "MLFLOW_TRACKING_URI", "value": settings.mlflow_tracking_uri},
+        {"name": "TIDEFLOW_ARTIFACT_ROOT", "value": settings.artifact_root},
+    ]
+
+
+def store_env_from(settings: KubeSettings) -> list[dict[str, Any]]:
+    """S3 credentials by reference to the store Secret (none when the pod's identity has them)."""
+    return [{"secretRef": {"name": settings.store_secret}}] if settings.store_secret else []

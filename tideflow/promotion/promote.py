@@ -1,0 +1,187 @@
+"""One promotion decision, start to finish: gate, registry moves, audit (no Airflow).
+
+Shared by ``PromoteCheckpointOperator`` and the standalone executor Argo runs.
+The caller finds the challenger (checkpoint and metrics), the promotion step's
+MLflow run and who is acting; this module decides and moves the registry:
+
+* a version already promoted by this step's run is reported again, nothing moves;
+* the gate (``tideflow.promotion.gate.decide``) compares with the alias's holder;
+* rejected: an audit record, and tags for the step's run;
+* passed: the builder logs an MLflow model from the checkpoint, a version is
+  registered once (found again by the run), the alias moves (the old holder
+  keeps ``previous-champion``), the checkpoint is copied under ``promoted/`` so
+  retention never deletes it, and an audit record is written.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tideflow.promotion import registry
+from tideflow.promotion.gate import decide
+from tideflow.steps.entrypoints import StepError
+
+# Runs the step's builder entry point with these keyword arguments; returns its outputs.
+Build = Callable[[str | list[str], dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class PromotionRequest:
+    step: str
+    model: str
+    alias: str
+    gate: dict[str, Any]
+    metrics: dict[str, float]
+    # The challenger: checkpoint, checkpoint_store, checkpoint_step, checkpoint_checksum
+    trained: dict[str, Any]
+    run_id: str  # the promotion step's MLflow run: a registered version is found again by it
+    who: str
+    artifact_root: str
+    builder: str | list[str] | None = None
+    builder_args: dict[str, Any] = field(default_factory=dict)
+    # Tags every registered version carries besides the checkpoint and metrics:
+    # tideflow.pipeline, tideflow.dag_id, tideflow.dag_run_id, tideflow.training_task, ...
+    lineage: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PromotionResult:
+    outputs: dict[str, Any]
+    # Tags for the step's MLflow run; None when a repeat found the work already done.
+    run_tags: dict[str, str] | None
+
+
+def whoami() -> str:
+    """The acting user; a container's uid often has no passwd entry, so fall back to it."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+def promote(
+    mlflow: Any, request: PromotionRequest, build: Build, log: Callable[[str], None]
+) -> PromotionResult:
+    if not request.trained.get("checkpoint"):
+        raise StepError("tideflow: the training step reported no checkpoint")
+    registry.ensure_registered_model(mlflow, request.model)
+    existing = registry.version_for_run(mlflow, request.model, request.run_id)
+    if existing is not None and existing.tags.get("tideflow.decision") == "promoted":
+        log(f"tideflow: version {existing.version} was already promoted by this run; nothing to do")
+        outputs = {
+            "decision": "promoted",
+            "version": str(existing.version),
+            "alias": request.alias,
+            "repeated": True,
+        }
+        return PromotionResult(outputs, None)
+    current = registry.champion(mlflow, request.model, request.alias)
+    decision = decide(request.metrics, request.gate, current[1] if current else None)
+    record: dict[str, Any] = {
+        "who": request.who,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "what": "",
+        "why": decision.summary,
+        "checkpoint": request.trained["checkpoint"],
+        "metrics": request.metrics,
+        "champion": None if current is None else str(current[0].version),
+    }
+    if not decision.promote:
+        log(f"tideflow: not promoted: {decision.summary}")
+        registry.audit(mlflow, request.model, {**record, "what": "rejected"})
+        tags = {
+            "tideflow.decision": "rejected",
+            "tideflow.reason": decision.summary,
+            "tideflow.compared": json.dumps(decision.compared, default=str)[:4900],
+        }
+        outputs = {"decision": "rejected", "reason": decision.summary, "metrics": request.metrics}
+        return PromotionResult(outputs, tags)
+    version = existing or _register(mlflow, request, build)
+    previous = registry.move_alias(mlflow, request.model, request.alias, str(version.version))
+    mlflow.set_model_version_tag(request.model, version.version, "tideflow.decision", "promoted")
+    promoted_copy = copy_promoted(request, str(version.version))
+    record.update(
+        what=f"promoted version {version.version} to @{request.alias}",
+        previous=previous,
+        promoted_copy=promoted_copy,
+    )
+    registry.audit(mlflow, request.model, record)
+    log(
+        f"tideflow: promoted {request.model} version {version.version} to @{request.alias} "
+        f"({decision.summary})"
+    )
+    outputs = {
+        "decision": "promoted",
+        "version": str(version.version),
+        "alias": request.alias,
+        "previous": previous,
+        "reason": decision.summary,
+        "metrics": request.metrics,
+        "model_uri": f"models:/{request.model}@{request.alias}",
+    }
+    tags = {
+        "tideflow.decision": "promoted",
+        "tideflow.reason": decision.summary,
+        "tideflow.model_version": str(version.version),
+    }
+    return PromotionResult(outputs, tags)
+
+
+def _register(mlflow: Any, request: PromotionRequest, build: Build) -> Any:
+    if request.builder is None:
+        raise StepError(
+            f"tideflow: step '{request.step}' has no builder to "
+            "turn the checkpoint into an MLflow model",
+            final=True,
+        )
+    trained = request.trained
+    args: dict[str, Any] = {
+        **request.builder_args,
+        "run_id": request.run_id,
+        **{
+            k: trained[k]
+            for k in ("checkpoint", "checkpoint_store", "checkpoint_step")
+            if k in trained
+        },
+    }
+    built = build(request.builder, args)
+    if "model_uri" not in built:
+        raise StepError("tideflow: the builder did not return a model_uri")
+    tags = {
+        **request.lineage,
+        "tideflow.promotion_run": request.run_id,
+        "tideflow.checkpoint": str(trained["checkpoint"]),
+        "tideflow.checkpoint_checksum": str(trained.get("checkpoint_checksum", "")),
+        **{f"{registry.METRIC_TAG}{k}": str(v) for k, v in request.metrics.items()},
+    }
+    return registry.register(mlflow, request.model, str(built["model_uri"]), request.run_id, tags)
+
+
+def copy_promoted(request: PromotionRequest, version: str) -> str | None:
+    """Keep the promoted checkpoint under promoted/ so retention never deletes it."""
+    from tideflow.checkpoint import CheckpointManager
+
+    trained = request.trained
+    store = trained.get("checkpoint_store")
+    step = trained.get("checkpoint_step")
+    if not store or step is None:
+        return None
+    source = CheckpointManager(str(store))
+    manifest = next((m for m in source.committed() if m.step == int(step)), None)
+    if manifest is None:
+        return None
+    target = CheckpointManager(f"{request.artifact_root}/promoted/{request.model}/v{version}")
+    shards = {r.name: source.read_shard(manifest, r.name) for r in manifest.shards}
+    copied = target.save(
+        manifest.step,
+        shards,
+        manifest.metrics,
+        {**manifest.meta, "source": manifest.uri, "source_sha256": manifest.checksum},
+    )
+    return copied.uri
