@@ -179,9 +179,9 @@ def test_growing_evicts_through_the_eviction_api_then_moves_whole_nodes(
     node = fake.nodes["gpu-1"]
     assert node["metadata"]["labels"]["tideflow.io/pool"] == "inference"
     assert {"key": "other", "value": "x", "effect": "NoExecute"} in node["spec"]["taints"]
-    assert {"key": "tideflow.io/pool", "value": "training", "effect": "NoSchedule"} in node["spec"][
-        "taints"
-    ]
+    assert {"key": "tideflow.io/pool", "value": "inference", "effect": "NoSchedule"} in node[
+        "spec"
+    ]["taints"]
     assert fake.replicas == 16  # one GPU per replica
     assert fake.volcano == {"capability": {"nvidia.com/gpu": "16"}}
     patches = [r for r in fake.requests if r[0] == "PATCH"]

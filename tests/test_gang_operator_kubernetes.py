@@ -186,7 +186,13 @@ def test_gang_step_becomes_one_volcano_job_and_the_task_follows_it(
     assert container["image"] == "registry.example.com/vision/train:7"
     assert container["command"] == ["python", "-m", "vision.train"]  # the image's python
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert pod["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",  # the short name, mapped
+        "tideflow.io/pool": "training",  # the broker's training pool
+    }
+    assert {"key": "tideflow.io/pool", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert (
         env["TIDEFLOW_GANG_ID"].startswith("cluster-gang/")
@@ -227,6 +233,10 @@ def test_bad_kubernetes_settings_name_the_variable_and_what_is_accepted() -> Non
         kube_settings_from_env({"TIDEFLOW_K8S_GANG_SCHEDULER": "slurm"})
     with pytest.raises(ValueError, match="TIDEFLOW_K8S_GRACE_S='5'"):
         kube_settings_from_env({"TIDEFLOW_K8S_GRACE_S": "5"})
+    with pytest.raises(ValueError, match="TIDEFLOW_K8S_DEVICE_MODELS='H100': accepted: MODEL="):
+        kube_settings_from_env({"TIDEFLOW_K8S_DEVICE_MODELS": "H100"})
+    models = kube_settings_from_env({"TIDEFLOW_K8S_DEVICE_MODELS": "H200=NVIDIA-H200, B200=x"})
+    assert models.model_label("H200") == "NVIDIA-H200" and models.model_label("L4") == "L4"
     settings = kube_settings_from_env(
         {"TIDEFLOW_K8S_STORE_SECRET": "", "MLFLOW_TRACKING_URI": "http://mlflow:5000"}
     )

@@ -190,7 +190,13 @@ def test_kueue_backend_creates_one_jobset_and_follows_admission_and_restarts(
     assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "nlp"
     pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert pod["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",  # the short name, mapped
+        "tideflow.io/pool": "training",  # the broker's training pool
+    }
+    assert {"key": "tideflow.io/pool", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
 
     def state(status: dict[str, Any]) -> Any:
         api.jobsets[name]["status"] = status

@@ -113,7 +113,13 @@ def test_submit_creates_one_volcano_job_and_follows_its_state(
     assert job["spec"]["minAvailable"] == 4 and job["spec"]["queue"] == "vision"
     assert job["spec"]["maxRetry"] == 2
     pod = job["spec"]["tasks"][0]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert pod["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",  # the short name, mapped
+        "tideflow.io/pool": "training",  # the broker's training pool
+    }
+    assert {"key": "tideflow.io/pool", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
 
     api.jobs[name]["status"] = {"state": {"phase": "Running"}}

@@ -1,8 +1,9 @@
 """The Kubernetes actuator: the broker's decision applied to a cluster's objects.
 
 * Nodes move between the ``inference`` and ``training`` pools as a whole: a
-  label (``tideflow.io/pool``) and a ``NoSchedule`` taint for the other pool's
-  pods. Nodes are chosen so that the training pool keeps whole nodes.
+  label (``tideflow.io/pool=POOL``) that pods select, and a ``NoSchedule``
+  taint of the same key and value that keeps pods of no pool off. Nodes are
+  chosen so that the training pool keeps whole nodes.
 * The inference Deployment is scaled to what its pool holds (or, when an HPA
   manages it, the HPA's bounds are moved instead of the replica count).
 * The training quota follows: a Volcano Queue's ``capability`` or a Kueue
@@ -169,14 +170,14 @@ class KubernetesActuator:
 
     # -- acting -------------------------------------------------------------------------
     def _set_pool(self, node: Any, pool: str) -> None:
-        other = "training" if pool == "inference" else "inference"
         taints = [t for t in (node.spec.taints or []) if getattr(t, "key", None) != TAINT_KEY]
         body = {
             "metadata": {"labels": {POOL_LABEL: pool}},
             "spec": {
                 "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]
-                # pods of the other pool stay off this node
-                + [{"key": TAINT_KEY, "value": other, "effect": "NoSchedule"}]
+                # Pods that are no pool's stay off; a pool's pods tolerate the key and
+                # choose their pool by the label (tideflow.kube.pods).
+                + [{"key": TAINT_KEY, "value": pool, "effect": "NoSchedule"}]
             },
         }
         self.core.patch_node(node.metadata.name, body, _content_type=MERGE)

@@ -649,7 +649,6 @@ class _Compiler:
             for section in container["resources"].values():
                 if resource in section:
                     section[resource] = per_worker.expression
-        worker["template"]["spec"] = placement(device_class, self.settings).apply(pod)
 
     # -- the workflow ----------------------------------------------------------------------
     def compile(self) -> WorkflowPlan:

@@ -18,7 +18,7 @@ from typing import Any
 
 from tideflow.compile.dag_plan import DagPlan, TaskPlan
 from tideflow.kube.names import dns_label
-from tideflow.kube.pods import DEVICE_RESOURCES, RUN_AS_USER, restricted
+from tideflow.kube.pods import DEVICE_RESOURCES, RUN_AS_USER, placement, restricted
 
 _restricted = restricted  # its old name, for modules that import it from here
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
@@ -34,6 +34,12 @@ class KubeSettings:
     artifact_root: str = "s3://tideflow/artifacts"
     termination_grace_s: int = 300
     gang_scheduler: str = "volcano"  # or "kueue": a JobSet admitted by Kueue
+    # A pipeline names a device model briefly ("H100"); nodes carry the full product
+    # name GPU feature discovery gives them. A model not listed is used as written.
+    model_labels: tuple[tuple[str, str], ...] = (
+        ("H100", "NVIDIA-H100-80GB-HBM3"),
+        ("A100", "NVIDIA-A100-SXM4-80GB"),
+    )
     master_port: int = 29500
     priority_classes: tuple[tuple[int, str], ...] = (
         (1, "tideflow-training-high"),
@@ -43,6 +49,10 @@ class KubeSettings:
 
     def priority_class(self, priority: int) -> str:
         return next(name for floor, name in self.priority_classes if priority >= floor)
+
+    def model_label(self, model: str) -> str:
+        """The node label value of a device model named in a pipeline."""
+        return dict(self.model_labels).get(model, model)
 
 
 @dataclass(frozen=True)
@@ -168,8 +178,11 @@ def gang_pod_spec(shape: GangShape, settings: KubeSettings, *, master_addr: str)
         "containers": [container],
     }
     if shape.model and shape.device_class in MODEL_LABELS:
-        pod_spec["nodeSelector"] = {MODEL_LABELS[shape.device_class]: shape.model}
-    return pod_spec
+        pod_spec["nodeSelector"] = {
+            MODEL_LABELS[shape.device_class]: settings.model_label(shape.model)
+        }
+    # The gang's pool (GPU gangs: the broker's training pool) and its taint.
+    return placement(shape.device_class, settings).apply(pod_spec)
 
 
 def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[str, Any]:
