@@ -70,8 +70,20 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
         }
 
     def execute(self, context: Context) -> Any:
+        from tideflow.config import Settings
         from tideflow.gangs import open_ledger
         from tideflow.scheduling import Refusal, choose_device
+
+        settings = Settings.from_env()
+        if settings.backend == "kubernetes":
+            # The task pod was made with the device (tideflow.kube.pods.task_pod);
+            # the cluster's scheduler, not the lease ledger, waited for it.
+            from tideflow.kube.pods import evaluation_device
+            from tideflow.spec import load_cluster
+
+            inventory = load_cluster(settings.cluster_file) if settings.cluster_file else None
+            where = evaluation_device(self.devices, inventory)
+            return self._evaluate(context, where, where.split("-")[0], None)
 
         where = self._ledger_args(context)
         ledger = open_ledger(Path(where["ledger_path"]), where["cluster_file"])

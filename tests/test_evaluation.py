@@ -184,3 +184,19 @@ def test_operator_waits_deferred_until_a_device_frees(
     assert str(dag_run.state) == "success"
     assert xcom(dag_run)["device"].startswith("gpu:h100/")
     assert [lease.lease_id for lease in book.leases()] == [npu.lease_id]
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_on_kubernetes_the_pod_has_the_device_and_the_ledger_is_not_used(
+    cluster_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With TIDEFLOW_BACKEND=kubernetes the task pod is made with the device (the scheduler
+    waits for it), so the operator evaluates at once on the first preference the cluster has,
+    even with every device of the ledger held, and takes no lease."""
+    book = ledger(cluster_file)
+    held = [hold(book, "npu-user", "npu", 1), hold(book, "trainer", "gpu", 2)]
+    monkeypatch.setenv("TIDEFLOW_BACKEND", "kubernetes")
+    dag_run = run_eval_dag(tmp_path, monkeypatch, "[npu, gpu-spare]")
+    assert str(dag_run.state) == "success"
+    assert xcom(dag_run)["device"] == "cpu (npu, emulated on the CPU)"
+    assert {lease.lease_id for lease in book.leases()} == {h.lease_id for h in held}

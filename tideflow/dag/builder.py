@@ -68,6 +68,33 @@ def _operator_kwargs(task: TaskPlan) -> dict[str, Any]:
     return {"config": task.config}
 
 
+def _task_pods(plan: DagPlan) -> dict[str, dict[str, Any]]:
+    """Per task, the KubernetesExecutor ``executor_config`` placing its pod (on Kubernetes).
+
+    Empty unless ``TIDEFLOW_BACKEND=kubernetes``: locally, steps run where the
+    worker is, and the kubernetes client is not imported while parsing.
+    """
+    from tideflow.config import Settings
+
+    settings = Settings.from_env()
+    if settings.backend != "kubernetes":
+        return {}
+    from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+
+    from tideflow.kube.pods import task_pod
+    from tideflow.kube.settings import kube_settings_from_env
+    from tideflow.spec import load_cluster
+
+    kube = kube_settings_from_env()
+    inventory = load_cluster(settings.cluster_file) if settings.cluster_file else None
+    return {
+        task.task_id: {
+            "pod_override": PodGenerator.deserialize_model_dict(task_pod(task, kube, inventory))
+        }
+        for task in plan.tasks
+    }
+
+
 def build_dag(plan: DagPlan, source: Path | None = None) -> DAG:
     doc = f"**tideflow pipeline** `{plan.dag_id}` (team `{plan.team}`)"
     if source is not None:
@@ -90,8 +117,10 @@ def build_dag(plan: DagPlan, source: Path | None = None) -> DAG:
         on_failure_callback=pipeline_run_failed,
     )
     tasks = {}
+    pods = _task_pods(plan)
     for task in plan.tasks:
         operator_class = getattr(operators, task.operator)
+        extra = {"executor_config": pods[task.task_id]} if task.task_id in pods else {}
         tasks[task.task_id] = operator_class(
             task_id=task.task_id,
             pipeline=plan.dag_id,
@@ -103,6 +132,7 @@ def build_dag(plan: DagPlan, source: Path | None = None) -> DAG:
                 dt.timedelta(seconds=task.timeout_seconds) if task.timeout_seconds else None
             ),
             dag=dag,
+            **extra,
             **_operator_kwargs(task),
         )
     for task in plan.tasks:

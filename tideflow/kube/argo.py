@@ -52,6 +52,7 @@ from tideflow.inventory import Inventory
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import (
     DEVICE_RESOURCES,
+    evaluation_device,
     placement,
     restricted,
     restricted_pod,
@@ -160,17 +161,6 @@ def checkpoint_store(settings: KubeSettings, pipeline: str, step: str) -> str:
         f"{settings.artifact_root}/{safe_segment(pipeline)}/{WORKFLOW_NAME}/"
         f"{safe_segment(step)}/checkpoints"
     )
-
-
-def evaluation_device(devices: tuple[str, ...], inventory: Inventory | None) -> str:
-    """The first preference the cluster has (the CPU always), or the first when unknown."""
-    if inventory is None:
-        return devices[0]
-    for device in devices:
-        device_class = device.split("-")[0]
-        if device_class == "cpu" or inventory.total(device_class) > 0:  # type: ignore[arg-type]
-            return device
-    return devices[0]
 
 
 def manifest_yaml(obj: dict[str, Any]) -> str:

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 from tideflow.scheduling.preference import SPARE_PRIORITY
 
 if TYPE_CHECKING:  # volcano builds on this module, not the reverse
+    from tideflow.compile.dag_plan import TaskPlan
+    from tideflow.inventory import Inventory
     from tideflow.kube.volcano import KubeSettings
+
+# What an Airflow task pod of a step asks for when the step itself names nothing.
+TASK_CPU, TASK_MEMORY = "500m", "1Gi"
+POOL_CLASSES = {"tideflow-cpu": "cpu", "tideflow-gpu": "gpu", "tideflow-npu": "npu"}
 
 DEVICE_RESOURCES = {"gpu": "nvidia.com/gpu", "npu": "huawei.com/Ascend910"}
 POOL_LABEL = "tideflow.io/pool"
@@ -131,3 +137,53 @@ def store_env(settings: KubeSettings) -> list[dict[str, str]]:
 def store_env_from(settings: KubeSettings) -> list[dict[str, Any]]:
     """S3 credentials by reference to the store Secret (none when the pod's identity has them)."""
     return [{"secretRef": {"name": settings.store_secret}}] if settings.store_secret else []
+
+
+def evaluation_device(devices: tuple[str, ...], inventory: Inventory | None) -> str:
+    """The first preference the cluster has (the CPU always), or the first when unknown.
+
+    On a cluster the device is chosen when the pod is made, not when it runs:
+    a pod requests its device, and the scheduler keeps it pending until one
+    is free, so falling back at run time as the local backend does is not
+    possible.
+    """
+    if inventory is None:
+        return devices[0]
+    for device in devices:
+        device_class = device.split("-")[0]
+        if device_class == "cpu" or inventory.total(device_class) > 0:  # type: ignore[arg-type]
+            return device
+    return devices[0]
+
+
+def task_pod(task: TaskPlan, settings: KubeSettings, inventory: Inventory | None) -> dict[str, Any]:
+    """The Airflow task pod of a step (KubernetesExecutor ``pod_override``), as plain data.
+
+    Data prep runs on its pool with the resources it declares; an evaluation
+    on the device it prefers (a spare GPU at the lowest priority, so it is
+    the first pod preempted); a gang step's pod and a promotion only talk to
+    APIs, on the CPU pool. The container is Airflow's ``base``.
+    """
+    config = task.config
+    requests = {"cpu": TASK_CPU, "memory": TASK_MEMORY}
+    where = "cpu"
+    if task.kind == "data_prep":
+        where = POOL_CLASSES.get(config["pool"], "cpu")
+        resources = config["resources"]
+        requests = {"cpu": str(resources["cpu"]), "memory": str(resources["memory"])}
+    elif task.kind == "evaluation":
+        where = evaluation_device(tuple(config["devices"]), inventory)
+    place = placement(where, settings)
+    devices = place.device_resources()
+    container = {
+        "name": "base",
+        # A CPU limit would throttle; memory is limited so one step cannot starve a node.
+        "resources": {
+            "requests": {**requests, **devices},
+            "limits": {"memory": requests["memory"], **devices},
+        },
+        "env": [{"name": "TIDEFLOW_DEVICE_CLASS", "value": place.device_class}],
+        "securityContext": restricted(),
+    }
+    spec = place.apply({"securityContext": restricted_pod(), "containers": [container]})
+    return {"metadata": {"labels": {"tideflow.io/step-kind": task.kind}}, "spec": spec}
