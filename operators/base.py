@@ -83,11 +83,8 @@ def finish_tracking(
     tags: dict[str, str] | None = None,
     metrics: dict[str, float] | None = None,
 ) -> None:
-    if run_id is None:
-        return
-    from tideflow.tracking import finish_step_run
+    from tideflow.tracking import finish_step_run_or_warn
 
-    try:
-        finish_step_run(run_id, succeeded=succeeded, tags=tags, metrics=metrics)
-    except Exception as exc:
-        operator.log.warning("tideflow: could not record the step on MLflow: %s", exc)
+    finish_step_run_or_warn(
+        run_id, operator.log.warning, succeeded=succeeded, tags=tags, metrics=metrics
+    )

@@ -176,14 +176,9 @@ class Step:
         tags: dict[str, str] | None = None,
         metrics: dict[str, float] | None = None,
     ) -> None:
-        if run_id is None:
-            return
-        from tideflow.tracking import finish_step_run
+        from tideflow.tracking import finish_step_run_or_warn
 
-        try:
-            finish_step_run(run_id, succeeded=succeeded, tags=tags, metrics=metrics)
-        except Exception as exc:
-            _say(f"tideflow: could not record the step on MLflow: {exc}")
+        finish_step_run_or_warn(run_id, _say, succeeded=succeeded, tags=tags, metrics=metrics)
 
 
 def data_prep(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:

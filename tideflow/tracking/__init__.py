@@ -6,6 +6,7 @@ from tideflow.tracking.runs import (
     ensure_runs,
     finish_pipeline_run,
     finish_step_run,
+    finish_step_run_or_warn,
     tracking_enabled,
 )
 
@@ -14,6 +15,7 @@ __all__ = [
     "ensure_runs",
     "finish_pipeline_run",
     "finish_step_run",
+    "finish_step_run_or_warn",
     "mlflow_ui_base",
     "model_version_url",
     "run_url",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,23 @@ def finish_step_run(
     for name, number in (metrics or {}).items():
         client.log_metric(run_id, name, number)
     client.set_terminated(run_id, "FINISHED" if succeeded else "FAILED")
+
+
+def finish_step_run_or_warn(
+    run_id: str | None,
+    warn: Callable[[str], object],
+    *,
+    succeeded: bool,
+    tags: dict[str, str] | None = None,
+    metrics: dict[str, float] | None = None,
+) -> None:
+    """``finish_step_run``, where MLflow being down must not fail the step that ran."""
+    if run_id is None:
+        return
+    try:
+        finish_step_run(run_id, succeeded=succeeded, tags=tags, metrics=metrics)
+    except Exception as exc:
+        warn(f"tideflow: could not record the step on MLflow: {exc}")
 
 
 def finish_pipeline_run(*, pipeline: str, dag_id: str, dag_run_id: str, succeeded: bool) -> bool:
