@@ -76,6 +76,54 @@ def _find(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
     return str(runs[0].info.run_id) if runs else None
 
 
+def _oldest(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
+    """Of the active runs with ``tags``, the one every writer agrees on: oldest, then lowest id."""
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = client.search_runs([experiment_id], filter_string=query, max_results=50)
+    if not runs:
+        return None
+    first = min(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+    return str(first.info.run_id)
+
+
+def _create_once(
+    client: Any, experiment_id: str, find: dict[str, str], tags: dict[str, str]
+) -> str:
+    """Create a run that must exist once, even when several tasks create it at the same time.
+
+    MLflow has no unique key on tags, so two tasks of one DAG run starting
+    together would both find nothing and both create. Each creator looks
+    again after creating; all of them settle on the same run (the oldest),
+    and a creator whose run lost deletes it before anything hangs below it.
+    """
+    mine = str(client.create_run(experiment_id, tags={**find, **tags}).info.run_id)
+    winner = _oldest(client, experiment_id, find) or mine
+    if winner != mine:
+        client.delete_run(mine)
+    return winner
+
+
+def _experiment(client: Any, pipeline: str, team: str) -> str:
+    experiment = client.get_experiment_by_name(pipeline)
+    if experiment is not None:
+        return str(experiment.experiment_id)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(
+            client.create_experiment(
+                pipeline,
+                artifact_location=_local_artifacts(pipeline),
+                tags={"tideflow.team": team},
+            )
+        )
+    except MlflowException:  # created meanwhile by another task of the pipeline
+        experiment = client.get_experiment_by_name(pipeline)
+        if experiment is None:
+            raise
+        return str(experiment.experiment_id)
+
+
 def ensure_runs(
     *,
     pipeline: str,
@@ -88,38 +136,30 @@ def ensure_runs(
     params: dict[str, Any] | None = None,
 ) -> RunIds:
     client = _client()
-    experiment = client.get_experiment_by_name(pipeline)
-    experiment_id = (
-        experiment.experiment_id
-        if experiment is not None
-        else client.create_experiment(
-            pipeline, artifact_location=_local_artifacts(pipeline), tags={"tideflow.team": team}
-        )
-    )
+    experiment_id = _experiment(client, pipeline, team)
     parent_tags = {TAG_KIND: "pipeline-run", TAG_DAG_ID: dag_id, TAG_RUN_ID: dag_run_id}
     parent = _find(client, experiment_id, parent_tags)
     if parent is None:
-        tags = {**parent_tags, "tideflow.team": team, "mlflow.runName": dag_run_id}
+        tags = {"tideflow.team": team, "mlflow.runName": dag_run_id}
         if pipeline_file:
             tags["tideflow.pipeline_file"] = pipeline_file
             commit = git_commit(Path(pipeline_file))
             if commit:
                 tags["mlflow.source.git.commit"] = commit
-        parent = str(client.create_run(experiment_id, tags=tags).info.run_id)
+        parent = _create_once(client, experiment_id, parent_tags, tags)
         for name, value in (params or {}).items():
             client.log_param(parent, name, value)
     step_tags = {TAG_KIND: "step", TAG_RUN_ID: dag_run_id, TAG_STEP: step}
     child = _find(client, experiment_id, step_tags)
     if child is None:
         tags = {
-            **step_tags,
             TAG_DAG_ID: dag_id,
             "tideflow.step_kind": kind,
             "tideflow.team": team,
             "mlflow.parentRunId": parent,
             "mlflow.runName": step,
         }
-        child = str(client.create_run(experiment_id, tags=tags).info.run_id)
+        child = str(client.create_run(experiment_id, tags={**step_tags, **tags}).info.run_id)
     return RunIds(experiment_id, parent, child)
 
 
@@ -156,14 +196,34 @@ def finish_step_run_or_warn(
 
 
 def finish_pipeline_run(*, pipeline: str, dag_id: str, dag_run_id: str, succeeded: bool) -> bool:
-    """Close the parent run of a DAG run; False when it has none (never tracked)."""
+    """Close the parent run of a DAG run; False when it has none (never tracked).
+
+    Runs once per DAG run (its success or failure callback), so it is where
+    parents created twice by tasks that started together are merged: the
+    oldest stays, every step run points at it, the others are deleted.
+    """
     client = _client()
     experiment = client.get_experiment_by_name(pipeline)
     if experiment is None:
         return False
+    experiment_id = experiment.experiment_id
     tags = {TAG_KIND: "pipeline-run", TAG_DAG_ID: dag_id, TAG_RUN_ID: dag_run_id}
-    run_id = _find(client, experiment.experiment_id, tags)
+    run_id = _oldest(client, experiment_id, tags)
     if run_id is None:
         return False
+    _merge_parents(client, experiment_id, tags, run_id, dag_run_id)
     client.set_terminated(run_id, "FINISHED" if succeeded else "FAILED")
     return True
+
+
+def _merge_parents(
+    client: Any, experiment_id: str, tags: dict[str, str], keep: str, dag_run_id: str
+) -> None:
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    for run in client.search_runs([experiment_id], filter_string=query, max_results=50):
+        if run.info.run_id != keep:
+            client.delete_run(run.info.run_id)
+    steps = f"tags.`{TAG_KIND}` = 'step' and tags.`{TAG_RUN_ID}` = '{dag_run_id}'"
+    for run in client.search_runs([experiment_id], filter_string=steps, max_results=1000):
+        if run.data.tags.get("mlflow.parentRunId") != keep:
+            client.set_tag(run.info.run_id, "mlflow.parentRunId", keep)
