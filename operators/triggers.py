@@ -8,6 +8,7 @@ a restart, must not get its waiting time back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -107,6 +108,12 @@ class GangTrigger(BaseTrigger):
         }
 
     def _stream_log(self, path: Path) -> None:
+        # How far the task log has got is kept beside the gang's log too: a trigger
+        # rebuilt after a triggerer restart has only its serialized offset (from when
+        # the task deferred) and would stream the whole log into the task log again.
+        mark = path.with_name("task-log-offset")
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            self.log_offset = max(self.log_offset, int(mark.read_text()))
         try:
             with open(path, encoding="utf-8", errors="replace") as log:
                 log.seek(self.log_offset)
@@ -114,7 +121,8 @@ class GangTrigger(BaseTrigger):
                     self.log.info("%s", line.rstrip("\n"))
                 self.log_offset = log.tell()
         except FileNotFoundError:
-            pass
+            return
+        mark.write_text(str(self.log_offset))
 
     async def on_kill(self) -> None:
         """A user marked the deferred task failed, succeeded or cleared: stop the gang too.

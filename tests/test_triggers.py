@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.trigger_helpers import first_event, round_trip
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.local import LocalBackend
@@ -88,7 +90,9 @@ def test_lease_trigger_reports_never_and_a_passed_deadline(tmp_path: Path) -> No
     assert book.lease_for("g/late") is None
 
 
-def test_gang_trigger_round_trips_streams_and_fires(tmp_path: Path) -> None:
+def test_gang_trigger_round_trips_streams_and_fires(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     backend = LocalBackend(tmp_path / "gangs")
     backend.submit(
         GangJob(
@@ -109,6 +113,15 @@ def test_gang_trigger_round_trips_streams_and_fires(tmp_path: Path) -> None:
     event = first_event(trigger)
     assert event["status"] == "finished" and '"state": "succeeded"' in event["gang"]
     assert trigger.log_offset > 0  # the gang's log was streamed into the task log
+    # Rebuilt after a triggerer restart, from the kwargs it was deferred with (offset 0):
+    # it must not stream the gang's log into the task log a second time.
+    rebuilt = GangTrigger(
+        gang_id="g/t", state_dir=str(tmp_path / "gangs"), deadline=time.time() + 600, poll_s=0.1
+    )
+    streamed: list[str] = []
+    monkeypatch.setattr(rebuilt.log, "info", lambda fmt, *args: streamed.append(fmt % args))
+    assert first_event(rebuilt)["status"] == "finished"
+    assert rebuilt.log_offset == trigger.log_offset and streamed == []
     unknown = first_event(
         GangTrigger(
             gang_id="never-submitted",
