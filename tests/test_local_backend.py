@@ -129,6 +129,18 @@ def test_preempt_asks_workers_to_checkpoint_and_exit(tmp_path: Path) -> None:
     assert backend.reattach("g/preempt") is None
 
 
+def test_cancel_right_after_submit_ends_cancelled(tmp_path: Path) -> None:
+    """The cancel may reach a supervisor that is not yet running this module, or has no
+    handler yet (the default action would kill it), or has started its workers: in every
+    case the gang ends cancelled, never running on or unknown."""
+    backend = LocalBackend(tmp_path)
+    backend.submit(job("g/early", "sleep"))
+    backend.cancel("g/early")
+    assert backend.wait("g/early", 30).state is GangState.CANCELLED
+    backend.submit(job("g/early", "ok"))  # a new submission is not cancelled by the old ask
+    assert backend.wait("g/early", 60).state is GangState.SUCCEEDED
+
+
 def test_a_killed_supervisor_is_reported_failed(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path)
     backend.submit(job("g/orphan", "sleep"))

@@ -19,6 +19,12 @@ from pathlib import Path
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
 from tideflow.storage import safe_segment
 
+REQUEST_FILE = "request"  # "cancel" or "preempt": what was last asked of the gang
+STOPPED_BEFORE_START = {
+    "cancel": (GangState.CANCELLED, "cancelled before any worker started"),
+    "preempt": (GangState.PREEMPTED, "preempted before any worker started; resumable"),
+}
+
 
 def gang_dir_name(gang_id: str) -> str:
     digest = hashlib.sha256(gang_id.encode()).hexdigest()[:10]
@@ -69,6 +75,11 @@ class LocalBackend:
         if status is None:
             if pid is not None and _alive(pid):
                 return GangStatus(gang_id, GangState.PENDING, message="supervisor starting")
+            requested = self._request(gang_id)
+            if pid is not None and requested in STOPPED_BEFORE_START:
+                # Stopped before its supervisor could start any worker.
+                state, message = STOPPED_BEFORE_START[requested]
+                return GangStatus(gang_id, state, message=message, finished_at=time.time())
             return None
         if not status.state.finished and (pid is None or not _alive(pid)):
             return GangStatus(
@@ -82,6 +93,12 @@ class LocalBackend:
                 status.events,
             )
         return status
+
+    def _request(self, gang_id: str) -> str | None:
+        try:
+            return (self.gang_dir(gang_id) / REQUEST_FILE).read_text().strip()
+        except FileNotFoundError:
+            return None
 
     def reattach(self, gang_id: str) -> GangStatus | None:
         status = self.status(gang_id)
@@ -97,6 +114,7 @@ class LocalBackend:
         directory = self.gang_dir(job.gang_id)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "status.json").unlink(missing_ok=True)
+        (directory / REQUEST_FILE).unlink(missing_ok=True)
         (directory / "job.json").write_text(job.to_json())
         with open(directory / "supervisor.log", "ab") as log:
             process = subprocess.Popen(
@@ -110,16 +128,23 @@ class LocalBackend:
         (directory / "supervisor.pid").write_text(str(process.pid))
         return GangStatus(job.gang_id, GangState.PENDING, message="supervisor started")
 
-    def _signal(self, gang_id: str, signum: int) -> None:
+    def _signal(self, gang_id: str, signum: int, request: str) -> None:
         pid = self._pid(gang_id)
-        if pid is not None and _alive(pid):
+        if pid is None:
+            return
+        # The request is written before the signal: a supervisor still starting (not
+        # yet this module's process, or without its handler) reads it once its
+        # handlers are in place; one that dies of the signal first is reported
+        # from it by status(). A supervisor already running gets the signal too.
+        (self.gang_dir(gang_id) / REQUEST_FILE).write_text(request)
+        if _alive(pid):
             os.kill(pid, signum)
 
     def cancel(self, gang_id: str) -> None:
-        self._signal(gang_id, signal.SIGTERM)
+        self._signal(gang_id, signal.SIGTERM, "cancel")
 
     def preempt(self, gang_id: str) -> None:
-        self._signal(gang_id, signal.SIGUSR1)
+        self._signal(gang_id, signal.SIGUSR1, "preempt")
 
     def log_path(self, gang_id: str) -> Path:
         return self.gang_dir(gang_id) / "gang.log"

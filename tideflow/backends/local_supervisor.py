@@ -211,6 +211,11 @@ class Supervisor:
     def _run(self) -> GangState:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "request", "cancel"))
         signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "request", "preempt"))
+        # A request that came before the handlers were in place (see LocalBackend._signal).
+        with contextlib.suppress(FileNotFoundError):
+            asked = (self.directory / "request").read_text().strip()
+            if asked in ("cancel", "preempt"):
+                self.request = asked
         if self.job.emulated:
             self.event(
                 f"this machine has no {self.job.device_class.upper()}: the workers run "
