@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.crd_schema import SCHEMAS, crd_schema, validate
 from tests.fake_kube import JsonHandler
 from tests.test_gang_operator import run_dag, states
 from tideflow.kube.settings import kube_settings_from_env
@@ -200,6 +201,9 @@ def test_gang_step_becomes_one_volcano_job_and_the_task_follows_it(
     )
     (ti,) = dag_run.get_task_instances()
     assert ti.xcom_pull(task_ids="train")["checkpoint_store"] == env["TIDEFLOW_CHECKPOINT_URI"]
+    if SCHEMAS.is_dir():  # the Job the operator really submitted, against Volcano's CRD
+        schema = crd_schema("volcano/batch.volcano.sh_jobs.yaml", "v1alpha1")
+        assert validate({k: v for k, v in job.items() if k != "status"}, schema) == []
 
 
 @pytest.mark.usefixtures("airflow_home")

@@ -19,7 +19,7 @@ from typing import Any
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
 from tideflow.kube.jobset import gang_jobset
-from tideflow.kube.names import dns_label
+from tideflow.kube.names import dns_label, gang_object_name
 from tideflow.kube.volcano import GangShape, KubeSettings, gang_volcano_job
 
 VOLCANO_PHASES = {
@@ -101,7 +101,7 @@ class KubernetesBackend:
         self.kind = gang_kind(settings.gang_scheduler)
 
     def job_name(self, gang_id: str) -> str:
-        return dns_label(gang_id, limit=47)
+        return gang_object_name(gang_id)
 
     def manifest(self, job: GangJob) -> dict[str, Any]:
         per_worker = max((len(s.devices) for s in job.slots), default=1) or 1
@@ -200,8 +200,8 @@ async def follow(
     then watches from there; a watch that ends (server timeout, a 410 Gone
     after compaction, a dropped connection) is answered by listing again, so
     no change is missed and nothing is polled. Yields None when the object
-    does not exist or is deleted. Ends after ``timeout_s`` without a change:
-    the caller checks its deadline and calls again.
+    does not exist or is deleted. Ends after ``timeout_s`` (the watch's own
+    server-side timeout): the caller checks its deadline and calls again.
     """
     import asyncio
 
@@ -211,7 +211,7 @@ async def follow(
     kind = gang_kind(settings.gang_scheduler)
     custom = client.CustomObjectsApi(api_client)
     where = (kind.group, kind.version, settings.namespace, kind.plural)
-    selector = f"metadata.name={dns_label(gang_id, limit=47)}"
+    selector = f"metadata.name={gang_object_name(gang_id)}"
     loop = asyncio.get_running_loop()
     until = loop.time() + timeout_s
     while loop.time() < until:

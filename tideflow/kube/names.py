@@ -19,3 +19,12 @@ def dns_label(*parts: str, limit: int = 63) -> str:
         digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
         name = f"{name[: limit - 9].rstrip('-')}-{digest}"
     return name or hashlib.sha256(raw.encode()).hexdigest()[:8]
+
+
+def gang_object_name(gang_id: str) -> str:
+    """A gang's Volcano Job or JobSet name: from its id, so every attempt finds the same one.
+
+    47 characters leave room for the pod host names the gang schedulers derive
+    from it (``-worker-0-0``) within a 63-character label.
+    """
+    return dns_label(gang_id, limit=47)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tideflow.compile.dag_plan import DagPlan, TaskPlan
-from tideflow.kube.names import dns_label
+from tideflow.kube.names import dns_label, gang_object_name
 from tideflow.kube.pods import DEVICE_RESOURCES, RUN_AS_USER, placement, restricted
+from tideflow.storage import safe_segment
 
-_restricted = restricted  # its old name, for modules that import it from here
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
 EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
 
@@ -92,8 +92,10 @@ def gang_shape(
             "Kubernetes a gang step needs a command entry point (a list) for now"
         )
     gang_id = f"{plan.dag_id}/{run_id}/{task.task_id}"
+    # The same name and store as the operator gives the gang at run time.
+    run_prefix = "/".join(safe_segment(part) for part in (plan.dag_id, run_id, task.task_id))
     store = (config.get("checkpoint") or {}).get("store") or (
-        f"{settings.artifact_root}/{plan.dag_id}/{dns_label(run_id)}/{task.task_id}/checkpoints"
+        f"{settings.artifact_root}/{run_prefix}/checkpoints"
     )
     env = {
         "TIDEFLOW_CHECKPOINT_URI": store,
@@ -107,7 +109,7 @@ def gang_shape(
         "tideflow.io/run": dns_label(run_id),
     }
     shape = GangShape(
-        name=dns_label(plan.dag_id, task.task_id, run_id, limit=47),
+        name=gang_object_name(gang_id),
         labels=labels,
         command=[str(part) for part in entrypoint],
         env=env,
