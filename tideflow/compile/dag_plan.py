@@ -8,10 +8,10 @@ decisions here means they are tested, and golden-filed, without Airflow.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tideflow.compile.templates import exact_param
 from tideflow.spec.models import (
     DataPrep,
     Evaluation,
@@ -30,7 +30,6 @@ OPERATOR_FOR_KIND = {
     "promote_checkpoint": "PromoteCheckpointOperator",
 }
 _PARAM_TYPES = {"string": "string", "int": "integer", "float": "number", "bool": "boolean"}
-_EXACT_PARAM = re.compile(r"^\s*\{\{\s*params\.([A-Za-z_]\w*)\s*\}\}\s*$")
 
 
 @dataclass(frozen=True)
@@ -118,9 +117,9 @@ def _at_default(value: int | str, params: dict[str, ParamSpec]) -> int:
     """A templated integer at its param's default; templates we cannot resolve count as 1."""
     if isinstance(value, int):
         return value
-    match = _EXACT_PARAM.match(value)
-    if match and match.group(1) in params and isinstance(params[match.group(1)].default, int):
-        return int(params[match.group(1)].default)
+    name = exact_param(value)
+    if name in params and isinstance(params[name].default, int):
+        return int(params[name].default)
     return 1
 
 
