@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import math
+import random
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ from tideflow.broker import (
     TraceLoad,
     clean_outages,
 )
+from tideflow.broker.forecast import _trailing_max
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -173,3 +176,57 @@ def test_forecast_bounds_a_diurnal_load_and_learns_its_jumps() -> None:
         total += 1
         covered += bound.upper >= history[index].rate  # type: ignore[operator]
     assert covered / total >= 0.97  # a 99% bound learned from the past holds on the next day
+
+
+def test_trailing_max_skips_gaps_and_matches_a_plain_max() -> None:
+    rng = random.Random(5)
+    values = [None if rng.random() < 0.2 else rng.uniform(0, 100) for _ in range(300)]
+    for width in (1, 3, 12):
+        expected = []
+        for index in range(len(values)):
+            seen = [v for v in values[max(0, index - width + 1) : index + 1] if v is not None]
+            expected.append(max(seen) if seen else None)
+        assert _trailing_max(values, width) == expected
+
+
+def _series(rates: list[float]) -> list[LoadSample]:
+    return [LoadSample(index * 600.0, rate) for index, rate in enumerate(rates)]
+
+
+def test_forecast_learns_a_level_span_that_rides_out_short_dips() -> None:
+    # Load at 1000 rps with a 30-minute dip to 500 every two hours: the highest of
+    # the last three windows drops to 500 at the dip's end and load then doubles,
+    # so a 3-window level needs a jump factor of 2; six windows always see 1000.
+    rates = [500.0 if index % 12 in (0, 1, 2) else 1000.0 for index in range(3 * 144)]
+    history = _series(rates)
+    model = LoadForecaster(600, quantile=0.99).jump_model(
+        dict(enumerate(rates)), len(rates), 1, 0.99
+    )
+    assert (model.level_windows, model.factor) == (6, 1.0)
+    only_short = LoadForecaster(600, quantile=0.99, level_windows=(3,))
+    assert only_short.jump_model(dict(enumerate(rates)), len(rates), 1, 0.99).factor == 2.0
+    # at the end of a dip the learned span still bounds the load coming back
+    dip_end = 35 * 12 + 3  # the three windows before it are the dip
+    bound = LoadForecaster(600, quantile=0.99).forecast(history[:dip_end], dip_end * 600.0, 600)
+    assert bound.upper == 1000 and rates[dip_end] == 1000
+
+
+def test_forecast_learns_a_short_span_on_a_smooth_load() -> None:
+    # A smooth daily wave: a long span's level lags the fall by hours, so the
+    # tightest bound on the past week (by quantile loss) is the shortest span.
+    rates = [1000 + 600 * math.sin(2 * math.pi * index / 144) for index in range(8 * 144)]
+    model = LoadForecaster(600, quantile=0.99).jump_model(
+        dict(enumerate(rates)), len(rates), 1, 0.99
+    )
+    assert model.level_windows == 3 and 1.0 <= model.factor < 1.1
+
+
+def test_forecast_replays_the_same_whatever_was_asked_before() -> None:
+    # The jump model is refitted every hour from the history before that hour, so a
+    # fresh forecaster (a restarted service) answers exactly as a long-running one.
+    history = SyntheticLoad(mean_rps=1000, seed=9).samples(0, 9 * 86400)
+    running = LoadForecaster(600, quantile=0.99)
+    for index in range(8 * 144, 8 * 144 + 30):
+        now = history[index].start_s
+        warm = running.forecast(history[:index], now, 600)
+        assert LoadForecaster(600, quantile=0.99).forecast(history[:index], now, 600) == warm

@@ -3,17 +3,23 @@ the seasonal shape (same time yesterday / last week) times the recent trend.
 
 The forecaster never sees the future: it gets the samples before ``now`` and
 bounds the windows in [now, now + horizon). Its upper bound is the recent
-level times an upper quantile of the jumps observed over the same horizon in
-the past days (learned, not configured), or the seasonal estimate when that is
-higher (a daily peak that is due). Outage windows are cleaned out first
-(``clean_outages``), so a silent metric neither drags the level down nor
-teaches the forecaster that load can drop to zero.
+level (the highest of the last few windows) times an upper quantile of the
+jumps observed over the same horizon in the past week (learned, not
+configured), or the seasonal estimate when that is higher (a daily peak that
+is due). How many windows the level spans is learned too: a long span rides
+out short dips and needs a small jump factor, a short span follows the load
+down sooner but needs a larger one; which bound is tighter on average depends
+on the trace, so each candidate span is scored on the past week and the
+tightest is used. Outage windows are cleaned out first (``clean_outages``), so
+a silent metric neither drags the level down nor teaches the forecaster that
+load can drop to zero.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,21 +63,59 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def _pinball(actual: float, bound: float, quantile: float) -> float:
+    """The quantile (pinball) loss: a proper score for a ``quantile`` bound."""
+    if actual > bound:
+        return quantile * (actual - bound)
+    return (1 - quantile) * (bound - actual)
+
+
+def _trailing_max(values: Sequence[float | None], width: int) -> list[float | None]:
+    """``out[i]`` = the highest of ``values[i - width + 1 .. i]`` (gaps skipped), in O(n)."""
+    out: list[float | None] = []
+    window: deque[int] = deque()  # indices of a decreasing run of values
+    for index, value in enumerate(values):
+        while window and window[0] <= index - width:
+            window.popleft()
+        if value is not None:
+            while window and values[window[-1]] <= value:  # type: ignore[operator]
+                window.pop()
+            window.append(index)
+        out.append(values[window[0]] if window else None)
+    return out
+
+
+@dataclass(frozen=True)
+class JumpModel:
+    """How the upper bound is made: ``factor`` x the highest of the last ``level_windows``."""
+
+    level_windows: int
+    factor: float
+    loss: float | None  # its mean quantile loss over the past week (how it was chosen)
+
+
 class LoadForecaster:
     def __init__(
         self,
         window_s: float,
         *,
         quantile: float = 0.995,
-        recent_windows: int = 3,
+        level_windows: Sequence[int] = (3, 6, 12, 24, 36),
         jump_windows: int = 7 * 144,
         trend_windows: int = 6,
+        refit_windows: int = 6,
     ) -> None:
+        if not level_windows or min(level_windows) < 1:
+            raise ValueError(f"level_windows must be whole numbers >= 1 (got {level_windows!r})")
         self.window_s = window_s
         self.quantile = quantile
-        self.recent_windows = recent_windows
+        self.level_windows = tuple(sorted(set(level_windows)))
         self.jump_windows = jump_windows
         self.trend_windows = trend_windows
+        # The jump model is refitted every `refit_windows` windows from the history
+        # before that slot, so a replay at any slot gives the same answer.
+        self.refit_windows = max(1, refit_windows)
+        self._fitted: dict[tuple[object, ...], JumpModel] = {}
 
     def _slot(self, t: float) -> int:
         return round(t / self.window_s)
@@ -91,20 +135,50 @@ class LoadForecaster:
             trend = min(2.0, max(0.5, sum(a for a, _ in pairs) / sum(b for _, b in pairs)))
         return sum(seen) / len(seen) * trend
 
-    def _jump(self, rates: dict[int, float], now_slot: int, ahead: int, quantile: float) -> float:
-        """Upper quantile of max(next `ahead` windows) / recent level, over past windows."""
-        ratios = []
-        for slot in range(now_slot - self.jump_windows - ahead, now_slot - ahead):
-            # The same base as the bound uses: the highest of the recent windows, so a
-            # dip does not count as a jump when load comes back to its level.
-            seen = [rates[s] for s in range(slot - self.recent_windows + 1, slot + 1) if s in rates]
-            base = max(seen) if slot in rates else None
-            nxt = [rates[s] for s in range(slot + 1, slot + ahead + 1) if s in rates]
-            if base and nxt:
-                ratios.append(max(nxt) / base)
-        if len(ratios) < 36:
-            return 1.5  # under six hours of history: a conservative default
-        return max(1.0, _quantile(ratios, quantile))
+    def jump_model(
+        self, rates: dict[int, float], now_slot: int, ahead: int, quantile: float
+    ) -> JumpModel:
+        """The level span and jump factor whose bound was tightest over the past week.
+
+        For each candidate span k, over the windows of the past week: the ratio of
+        the highest load in the ``ahead`` windows that followed to the highest of the
+        k windows up to it; the factor is its ``quantile``, and the span kept is the
+        one whose bound (factor x level) was lowest on average, so every candidate
+        covers the same share of the past and the cheapest is taken.
+        """
+        fit_slot = now_slot - now_slot % self.refit_windows
+        widest = self.level_windows[-1]
+        first = fit_slot - self.jump_windows - ahead - widest + 1
+        values = [rates.get(slot) for slot in range(first, fit_slot)]
+        key = (fit_slot, ahead, quantile, tuple(values))
+        fitted = self._fitted.get(key)
+        if fitted is not None:
+            return fitted
+        ahead_max = _trailing_max(values, ahead)
+        # Evaluate at index i (slot first + i) whose next `ahead` windows precede fit_slot.
+        indices = range(widest - 1, len(values) - ahead)
+        best: JumpModel | None = None
+        for span in self.level_windows:
+            levels = _trailing_max(values, span)
+            pairs = [
+                (nxt, level)
+                for i in indices
+                if values[i] is not None
+                and (level := levels[i])
+                and (nxt := ahead_max[i + ahead]) is not None
+            ]
+            if len(pairs) < 36:
+                continue
+            factor = max(1.0, _quantile([n / b for n, b in pairs], quantile))
+            loss = sum(_pinball(n, factor * b, quantile) for n, b in pairs) / len(pairs)
+            if best is None or best.loss is None or loss < best.loss:
+                best = JumpModel(span, factor, loss)
+        if best is None:  # under six hours of history: a conservative default
+            best = JumpModel(self.level_windows[0], 1.5, None)
+        if len(self._fitted) > 64:
+            self._fitted.clear()
+        self._fitted[key] = best
+        return best
 
     def forecast(
         self,
@@ -120,12 +194,14 @@ class LoadForecaster:
             if s.rate is not None and s.start_s < now_s  # never the future
         }
         now_slot = self._slot(now_s)
-        recent = [rates[s] for s in range(now_slot - self.recent_windows, now_slot) if s in rates]
-        if not recent:
+        ahead = max(1, math.ceil(horizon_s / self.window_s))
+        model = self.jump_model(rates, now_slot, ahead, quantile or self.quantile)
+        recent = [rates[s] for s in range(now_slot - 3, now_slot) if s in rates]
+        if not recent:  # the last half hour is a data gap: no level to build on
             return Forecast(None, None, None, "none")
         level = recent[-1]
-        ahead = max(1, math.ceil(horizon_s / self.window_s))
-        upper = max(recent) * self._jump(rates, now_slot, ahead, quantile or self.quantile)
+        span = [rates[s] for s in range(now_slot - model.level_windows, now_slot) if s in rates]
+        upper = max(span) * model.factor
         seasonal = [
             e
             for e in (self._seasonal(rates, s, now_slot) for s in range(now_slot, now_slot + ahead))
