@@ -26,6 +26,7 @@ from pathlib import Path
 from tideflow.broker import SimulationConfig, TraceLoad, simulate, synthetic_jobs
 
 TRACES = {"servegen_m-mid.csv": 25.0, "servegen_m-large.csv": 3.0}  # file -> per-GPU rps
+SWEEP_SHARES = (0.4, 0.5, 0.6, 0.68, 0.8)  # p99 inference need as a share of the cluster
 KEYS = (
     "training_goodput_gpu_hours",
     "underprovisioned_gpu_minutes",
@@ -43,9 +44,59 @@ KEYS = (
 
 
 def p99_split(load: TraceLoad, per_gpu_rps: float, node_gpus: int) -> int:
-    rates = sorted(s.rate for s in load.samples(load.start_s, load.end_s) if s.rate)
-    need = math.ceil(rates[math.ceil(0.99 * len(rates)) - 1] / per_gpu_rps)
+    need = math.ceil(p99_rate(load) / per_gpu_rps)
     return math.ceil(need / node_gpus) * node_gpus
+
+
+def compare(load: TraceLoad, name: str, per_gpu: float, jobs: list, quiet: bool = False) -> dict:
+    """Run the four policies on one trace; print their lines; return the target ratios."""
+    peak = p99_split(load, per_gpu, 8)
+    results = {}
+    for policy in ("static:80", f"static:{peak}", "tidal", "oracle"):
+        started = time.perf_counter()
+        config = SimulationConfig(policy=policy, total_gpus=200, per_gpu_rps=per_gpu)
+        metrics = simulate(load, jobs, config).metrics
+        results[policy] = metrics
+        line = {"trace": name, "policy": policy, "per_gpu_rps": per_gpu}
+        line |= {k: metrics[k] for k in KEYS}
+        line["seconds"] = round(time.perf_counter() - started, 1)
+        if not quiet:
+            print(json.dumps(line))
+    tidal, small, big = results["tidal"], results["static:80"], results[f"static:{peak}"]
+    return {
+        "trace": name,
+        "per_gpu_rps": per_gpu,
+        "p99_static_inference_gpus": peak,
+        "tidal_slo": tidal["slo_attainment"],
+        "tidal_lost_fraction": tidal["lost_fraction_of_training"],
+        "underprovisioned_reduction_vs_120_80": round(
+            1 - tidal["underprovisioned_gpu_minutes"] / small["underprovisioned_gpu_minutes"], 4
+        )
+        if small["underprovisioned_gpu_minutes"]
+        else None,
+        "goodput_vs_120_80": round(
+            tidal["training_goodput_gpu_hours"] / small["training_goodput_gpu_hours"], 3
+        ),
+        "goodput_vs_p99_static": round(
+            tidal["training_goodput_gpu_hours"] / big["training_goodput_gpu_hours"], 3
+        ),
+        "goodput_oracle_vs_120_80": round(
+            results["oracle"]["training_goodput_gpu_hours"] / small["training_goodput_gpu_hours"],
+            3,
+        ),
+        "goodput_oracle_vs_p99_static": round(
+            results["oracle"]["training_goodput_gpu_hours"] / big["training_goodput_gpu_hours"],
+            3,
+        ),
+        "queueing_p99_static_over_tidal": round(
+            big["mean_queueing_hours"] / tidal["mean_queueing_hours"], 2
+        ),
+    }
+
+
+def p99_rate(load: TraceLoad) -> float:
+    rates = sorted(s.rate for s in load.samples(load.start_s, load.end_s) if s.rate)
+    return rates[math.ceil(0.99 * len(rates)) - 1]
 
 
 def main() -> int:
@@ -58,6 +109,12 @@ def main() -> int:
         type=float,
         default=0.55,
         help="training demand as a share of the cluster's GPU-hours (1.0: a saturating backlog)",
+    )
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="instead: vary the per-GPU throughput so that the trace's 99th-percentile need "
+        "is 40-80%% of the cluster, and print the target ratios at each",
     )
     args = parser.parse_args()
     for name, per_gpu in TRACES.items():
@@ -72,38 +129,14 @@ def main() -> int:
             horizon_s=load.end_s - load.start_s,
             offered_fraction=args.offered,
         )
-        peak = p99_split(load, per_gpu, 8)
-        results = {}
-        for policy in ("static:80", f"static:{peak}", "tidal", "oracle"):
-            started = time.perf_counter()
-            config = SimulationConfig(policy=policy, total_gpus=200, per_gpu_rps=per_gpu)
-            metrics = simulate(load, jobs, config).metrics
-            results[policy] = metrics
-            line = {"trace": name, "policy": policy, "per_gpu_rps": per_gpu}
-            line |= {k: metrics[k] for k in KEYS}
-            line["seconds"] = round(time.perf_counter() - started, 1)
-            print(json.dumps(line))
-        tidal, small, big = results["tidal"], results["static:80"], results[f"static:{peak}"]
-        ratios = {
-            "trace": name,
-            "underprovisioned_reduction_vs_120_80": round(
-                1 - tidal["underprovisioned_gpu_minutes"] / small["underprovisioned_gpu_minutes"], 4
-            ),
-            "goodput_vs_120_80": round(
-                tidal["training_goodput_gpu_hours"] / small["training_goodput_gpu_hours"], 3
-            ),
-            "goodput_vs_p99_static": round(
-                tidal["training_goodput_gpu_hours"] / big["training_goodput_gpu_hours"], 3
-            ),
-            "goodput_oracle_vs_p99_static": round(
-                results["oracle"]["training_goodput_gpu_hours"] / big["training_goodput_gpu_hours"],
-                3,
-            ),
-            "queueing_p99_static_over_tidal": round(
-                big["mean_queueing_hours"] / tidal["mean_queueing_hours"], 2
-            ),
-        }
-        print(json.dumps(ratios))
+        if not args.sweep:
+            print(json.dumps(compare(load, name, per_gpu, jobs)))
+            continue
+        for share in SWEEP_SHARES:
+            # per-GPU throughput at which the p99 rate needs `share` of the 200 GPUs
+            throughput = round(p99_rate(load) / (share * 200), 3)
+            ratios = compare(load, name, throughput, jobs, quiet=True)
+            print(json.dumps({"p99_need_share": share, "offered": args.offered} | ratios))
     return 0
 
 
