@@ -14,6 +14,7 @@ import copy
 import http.server
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from tests.fake_kube import JsonHandler, kube_client
 from tideflow.broker import Action, Decision, Reclaim
 from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
+from tideflow.checkpoint import CheckpointManager
 
 
 class FakeCluster:
@@ -60,23 +62,24 @@ class FakeCluster:
         self.placement = {"job-a-worker-0": "gpu-1", "job-a-worker-1": "gpu-2", "job-b-0": "gpu-3"}
         self.pdb_refusals = 1  # the first eviction is refused, as a PDB would
         self.requests: list[tuple[str, str, str, Any]] = []
+        self.stores: dict[str, str] = {}  # gang -> the checkpoint store its pods are given
 
     def pod(self, name: str) -> dict[str, Any]:
         gang = self.pods[name]
-        annotations = {"tideflow.io/last-checkpoint": "1000.5"} if gang == "job-a" else {}
         gpus = "8" if gang == "job-a" else "4"
+        store = self.stores.get(gang)
+        env = [{"name": "TIDEFLOW_CHECKPOINT_URI", "value": store}] if store else []
         return {
-            "metadata": {
-                "name": name,
-                "namespace": "ml",
-                "labels": {"tideflow.io/gang": gang},
-                "annotations": annotations,
-            },
+            "metadata": {"name": name, "namespace": "ml", "labels": {"tideflow.io/gang": gang}},
             "spec": {
                 "nodeName": self.placement[name],
                 "priority": 0 if gang == "job-a" else 5,
                 "containers": [
-                    {"name": "worker", "resources": {"requests": {"nvidia.com/gpu": gpus}}}
+                    {
+                        "name": "worker",
+                        "resources": {"requests": {"nvidia.com/gpu": gpus}},
+                        "env": env,
+                    }
                 ],
             },
             "status": {"phase": "Running", "startTime": "2026-11-23T06:00:00Z"},
@@ -223,15 +226,24 @@ def test_kueue_queue_without_a_gpu_quota_is_a_clear_error(
 
 def test_observing_the_cluster_gives_pools_gangs_and_idle_gpus(
     cluster: tuple[FakeCluster, Any],
+    tmp_path: Path,
 ) -> None:
     from tideflow.broker import GangView
 
     fake, api = cluster
     fake.pods["inference-0"] = "serving"  # not a gang, on the inference node
     fake.placement["inference-0"] = "gpu-0"
+    # job-a committed a checkpoint after its pods started; job-b's store has none yet
+    store_a, store_b = (tmp_path / "a").as_uri(), (tmp_path / "b").as_uri()
+    committed = CheckpointManager(store_a).save(10, {"model": b"weights"})
+    fake.stores = {"job-a": store_a, "job-b": store_b}
     actuator = KubernetesActuator(api, ClusterTarget(namespace="ml"))
     assert actuator.total_gpus() == 32 and actuator.inference_gpus() == 8
     started = 1795413600.0  # 2026-11-23T06:00:00Z
+    assert committed.created_at > started
     # the serving pod sits on the inference node: not a training gang
-    assert actuator.gangs() == (GangView("job-a", 16, 0, 1000.5), GangView("job-b", 4, 5, started))
+    assert actuator.gangs() == (
+        GangView("job-a", 16, 0, committed.created_at),
+        GangView("job-b", 4, 5, started),
+    )
     assert actuator.idle_training_gpus() == 24 - 16 - 4

@@ -60,13 +60,26 @@ def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
 ) -> None:
     ledger = lab(tmp_path)
     backend = LocalBackend(tmp_path / "gangs")
-    actuator = LocalActuator(ledger, backend, node_gpus=1, grace_s=120, poll_s=0.2)
+    actuator = LocalActuator(
+        ledger,
+        backend,
+        node_gpus=1,
+        grace_s=120,
+        poll_s=0.2,
+        checkpoint_store=backend.checkpoint_store,
+    )
     request = GangRequest("digits-train", "vision", "gpu", None, 2, 1)
     checkpoints = (tmp_path / "ckpt").as_uri()
 
-    assert isinstance(ledger.try_acquire(request, "operator", 600), Lease)
+    lease = ledger.try_acquire(request, "operator", 600)
+    assert isinstance(lease, Lease)
     backend.submit(job("digits-train", splits, checkpoints, step_delay=0.02, device_class="gpu"))
     wait_for_step(backend.log_path("digits-train"), 45)
+    # The policy sees the work at risk from the gang's newest committed checkpoint,
+    # read from its store, not from the lease's start.
+    (view,) = actuator.gangs()
+    commits = {m.created_at for m in CheckpointManager(checkpoints).committed()}
+    assert view.last_checkpoint_s > lease.acquired_at and view.last_checkpoint_s in commits
 
     # Inference load arrives: it needs one GPU, and only the gang holds GPUs.
     peak = decide(load_now(actuator, 1000.0, 10.0), CONFIG)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
+from tideflow.checkpoint import CHECKPOINT_URI_ENV
 from tideflow.storage import safe_segment
 
 REQUEST_FILE = "request"  # "cancel" or "preempt": what was last asked of the gang
@@ -99,6 +100,18 @@ class LocalBackend:
             return (self.gang_dir(gang_id) / REQUEST_FILE).read_text().strip()
         except FileNotFoundError:
             return None
+
+    def job(self, gang_id: str) -> GangJob | None:
+        """The job last submitted under ``gang_id`` (its command, env and slots)."""
+        try:
+            return GangJob.from_json((self.gang_dir(gang_id) / "job.json").read_text())
+        except FileNotFoundError:
+            return None
+
+    def checkpoint_store(self, gang_id: str) -> str | None:
+        """The checkpoint store the gang was given, if it was given one."""
+        job = self.job(gang_id)
+        return job.env.get(CHECKPOINT_URI_ENV) if job is not None else None
 
     def reattach(self, gang_id: str) -> GangStatus | None:
         status = self.status(gang_id)

@@ -24,11 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tideflow.broker.checkpoints import work_at_risk_since
 from tideflow.broker.policy import Decision, GangView
+from tideflow.checkpoint import CHECKPOINT_URI_ENV
 
 POOL_LABEL = "tideflow.io/pool"
 GANG_LABEL = "tideflow.io/gang"
-CHECKPOINT_ANNOTATION = "tideflow.io/last-checkpoint"
 TAINT_KEY = "tideflow.io/pool"
 # The client would send a dict body as a JSON *Patch* (its first content type),
 # which the API server rejects; every patch here is a JSON merge patch.
@@ -65,6 +66,16 @@ def target_from_env() -> ClusterTarget:
         training_queue=env("TIDEFLOW_K8S_TRAINING_QUEUE", "training"),
         kueue_flavor=env("TIDEFLOW_K8S_KUEUE_FLAVOR") or None,
     )
+
+
+def _checkpoint_store(pods: list[Any]) -> str | None:
+    """The checkpoint store a gang's pods were given (the same for all of its workers)."""
+    for pod in pods:
+        for container in pod.spec.containers or []:
+            for variable in container.env or []:
+                if variable.name == CHECKPOINT_URI_ENV and variable.value:
+                    return str(variable.value)
+    return None
 
 
 @dataclass(frozen=True)
@@ -141,8 +152,10 @@ class KubernetesActuator:
     def gangs(self) -> tuple[GangView, ...]:
         """Gangs on the training pool, by their pods' ``tideflow.io/gang`` label.
 
-        The newest checkpoint time comes from the pods' ``tideflow.io/last-checkpoint``
-        annotation (epoch seconds) when the runtime sets it, else their start.
+        The work at risk runs from the gang's newest committed checkpoint, read
+        from the store its pods are given (``TIDEFLOW_CHECKPOINT_URI``; the
+        broker needs read access to it), or from its pods' start when there is
+        none or the store cannot be read.
         """
         found: dict[str, list[Any]] = {}
         for pod in self._training_pods():
@@ -151,19 +164,13 @@ class KubernetesActuator:
                 found.setdefault(gang, []).append(pod)
         views = []
         for gang, pods in sorted(found.items()):
-            stamps = []
-            for pod in pods:
-                note = (pod.metadata.annotations or {}).get(CHECKPOINT_ANNOTATION)
-                if note:
-                    stamps.append(float(note))
-                elif pod.status.start_time is not None:
-                    stamps.append(pod.status.start_time.timestamp())
+            starts = [p.status.start_time.timestamp() for p in pods if p.status.start_time]
             views.append(
                 GangView(
                     gang,
                     sum(self._pod_gpus(p) for p in pods),
                     min(int(p.spec.priority or 0) for p in pods),
-                    min(stamps) if stamps else 0.0,
+                    work_at_risk_since(min(starts, default=0.0), _checkpoint_store(pods)),
                 )
             )
         return tuple(views)

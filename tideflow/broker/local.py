@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tideflow.backends.protocol import Backend
+from tideflow.broker.checkpoints import work_at_risk_since
 from tideflow.broker.policy import Decision, GangView
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
@@ -50,6 +51,7 @@ class LocalActuator:
         poll_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        checkpoint_store: Callable[[str], str | None] | None = None,
     ) -> None:
         self.ledger = ledger
         self.backend = backend
@@ -60,6 +62,8 @@ class LocalActuator:
         self.poll_s = poll_s
         self.clock = clock
         self.sleep = sleep
+        # gang id -> the URI of its checkpoint store (LocalBackend.checkpoint_store)
+        self.checkpoint_store = checkpoint_store
 
     # -- reading the ledger -------------------------------------------------------------
     def _of_class(self) -> list[Lease]:
@@ -79,15 +83,19 @@ class LocalActuator:
     def gangs(self) -> tuple[GangView, ...]:
         """Training (and spare) leases as the policy sees them.
 
-        The ledger does not know when a gang last checkpointed; its lease's
-        start is used, which overstates the work at risk (a safe direction).
+        The work at risk runs from the gang's newest committed checkpoint, read
+        from its checkpoint store, or from its lease's start when it has none
+        (or the store cannot be read): that overstates it, the safe direction.
         """
         return tuple(
             GangView(
                 x.gang_id,
                 sum(len(p.devices) for p in x.placements),
                 x.priority,
-                x.acquired_at,
+                work_at_risk_since(
+                    x.acquired_at,
+                    self.checkpoint_store(x.gang_id) if self.checkpoint_store else None,
+                ),
             )
             for x in self._of_class()
             if not x.gang_id.startswith(INFERENCE_PREFIX) and x.preemptible

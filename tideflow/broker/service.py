@@ -200,12 +200,14 @@ def open_local(
     from tideflow.gangs import open_ledger
 
     ledger = open_ledger(ledger_path, cluster_file)
+    backend = LocalBackend(ledger_path.parent / "gangs")
     actuator = LocalActuator(
         ledger,
-        LocalBackend(ledger_path.parent / "gangs"),
+        backend,
         node_gpus=settings.node_gpus,
         device_class=settings.device_class,
         grace_s=settings.grace_s,
+        checkpoint_store=backend.checkpoint_store,
     )
     total = actuator.total_gpus()
     if total == 0:

@@ -8,7 +8,11 @@ from tideflow.checkpoint.manifest import (
     ShardRecord,
 )
 
+# The environment variable that tells a gang's workers where their checkpoints go.
+CHECKPOINT_URI_ENV = "TIDEFLOW_CHECKPOINT_URI"
+
 __all__ = [
+    "CHECKPOINT_URI_ENV",
     "CheckpointError",
     "CheckpointManager",
     "CorruptCheckpointError",
