@@ -91,6 +91,13 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path) -> None:
     (run,) = client.search_runs([experiment.experiment_id], "tags.`tideflow.step` = 'evaluate'")
     assert run.data.metrics == metrics and run.info.status == "FINISHED"
     assert run.data.tags["tideflow.dag_run_id"] == WORKFLOW
+    # No operator made the gang step's run: its rank 0 did, under the same pipeline run,
+    # logged its loss curve and checkpoints there, and ended it when training ended.
+    (train,) = client.search_runs([experiment.experiment_id], "tags.`tideflow.step` = 'train'")
+    assert train.info.status == "FINISHED"
+    assert train.data.tags["mlflow.parentRunId"] == run.data.tags["mlflow.parentRunId"]
+    assert len(client.get_metric_history(train.info.run_id, "loss")) >= 3
+    assert train.data.tags["tideflow.checkpoint.latest"] == evaluated["checkpoint"]
 
     promoted = outputs["promote"]
     assert promoted["decision"] == "promoted" and promoted["version"] == "1"

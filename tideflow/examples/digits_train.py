@@ -231,14 +231,14 @@ def train(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one readable trai
             flush=True,
         )
         metrics.set_tags({"tideflow.health": str(exc), "tideflow.last_good_step": str(good)})
-        metrics.close()
+        metrics.close(succeeded=False)
         return EXIT_UNHEALTHY
     final_accuracy = accuracy(model, x_val.to(info.device), y_val.to(info.device))
     if last_saved != step or (resumed is None and step == 0):
         save({"val_accuracy": final_accuracy}, block=True)
     manifest = checkpointer.finalize() if checkpointer else None
     metrics.log_metrics({"final_val_accuracy": final_accuracy}, step)
-    metrics.close()
+    metrics.close(succeeded=True)
     if info.is_main:
         print(
             json.dumps(

@@ -559,6 +559,12 @@ class _Compiler:
             **checkpoint_env(checkpoint, self.store_of(task, index)),
             "TIDEFLOW_GANG_ID": gang_id,
             "MLFLOW_TRACKING_URI": self.settings.mlflow_tracking_uri,
+            # No operator makes this step's MLflow run: rank 0 finds or makes it
+            # under the workflow's pipeline run (tideflow.runtime.metrics).
+            "TIDEFLOW_PIPELINE": self.plan.dag_id,
+            "TIDEFLOW_TEAM": self.plan.team,
+            "TIDEFLOW_RUN_ID": WORKFLOW_NAME,
+            "TIDEFLOW_STEP": task.task_id,
             **self.step_env(task, base, inputs),
         }
         # One Volcano Job per attempt: a retry creates a fresh one, which resumes

@@ -4,6 +4,13 @@ Records go to a queue that a background thread delivers in batches. While the
 MLflow server is unreachable they wait, with backoff, and are also appended to
 a spool file; whatever is still undelivered at the end stays in the spool, and
 ``flush_spool`` (called by the operator when the gang finishes) delivers it.
+
+Which run: the one the operator made (``MLFLOW_RUN_ID``). A gang started by
+something that makes no run, an Argo Workflow's resource step, names its
+pipeline run and step instead (``TIDEFLOW_PIPELINE``, ``TIDEFLOW_TEAM``,
+``TIDEFLOW_RUN_ID``, ``TIDEFLOW_STEP``): rank 0 then finds or creates that
+step's run under the pipeline run, as the standalone steps do, and ends it
+when training ends.
 """
 
 from __future__ import annotations
@@ -45,6 +52,31 @@ def _deliver(run_id: str, records: list[dict[str, Any]]) -> None:
         )
 
 
+RUN_IDENTITY_ENV = ("TIDEFLOW_PIPELINE", "TIDEFLOW_TEAM", "TIDEFLOW_RUN_ID", "TIDEFLOW_STEP")
+
+
+def _own_step_run() -> str | None:
+    """The gang step's run, found by its tags or created, when the gang names its run."""
+    pipeline, team, run_id, step = (os.environ.get(name) for name in RUN_IDENTITY_ENV)
+    if not (pipeline and team and run_id and step):
+        return None
+    from tideflow.tracking import ensure_runs
+
+    try:
+        ids = ensure_runs(
+            pipeline=pipeline,
+            team=team,
+            dag_id=pipeline,
+            dag_run_id=run_id,
+            step=step,
+            kind="gang_training",
+        )
+    except Exception as exc:  # training goes on untracked rather than not at all
+        log.warning("tideflow: MLflow unreachable (%s); training runs untracked", exc)
+        return None
+    return ids.step_run_id
+
+
 def flush_spool(run_id: str) -> int:
     """Deliver what a training run could not; returns the number of records delivered."""
     path = spool_path(run_id)
@@ -71,7 +103,13 @@ class MetricsLogger:
         # would only hold a batch back for minutes while the server is down.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        self.enabled = bool(is_main and self.run_id and os.environ.get("MLFLOW_TRACKING_URI"))
+        tracking = bool(os.environ.get("MLFLOW_TRACKING_URI"))
+        # Whether this logger found the run itself, and so ends it (see the module doc).
+        self.owns_run = False
+        if is_main and tracking and self.run_id is None:
+            self.run_id = _own_step_run()
+            self.owns_run = self.run_id is not None
+        self.enabled = bool(is_main and self.run_id and tracking)
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
         self._queue: list[dict[str, Any]] = []
@@ -154,9 +192,18 @@ class MetricsLogger:
             if self._closing and not self._queue:
                 return
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 30.0, *, succeeded: bool | None = None) -> None:
+        """Deliver what is queued; then, for a run this logger found itself, end it.
+
+        ``succeeded`` is how training ended: True or False ends the run FINISHED
+        or FAILED; None (preempted, it will resume) leaves it running.
+        """
         if self._thread is None:
             return
         self._closing = True
         self._wake.set()
         self._thread.join(timeout=timeout_s)
+        if self.owns_run and succeeded is not None and self.run_id is not None:
+            from tideflow.tracking import finish_step_run_or_warn
+
+            finish_step_run_or_warn(self.run_id, log.warning, succeeded=succeeded)
