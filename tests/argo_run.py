@@ -5,7 +5,8 @@ fills them in and fails on any it cannot resolve, as Argo's validation would.
 ``run_locally`` walks the DAG in order: container steps run their command (the
 standalone executor) as a child process with the template's environment, and
 the gang step runs the Volcano Job's worker command as one rank; each output
-parameter is read from the file its ``valueFrom.path`` names.
+parameter is read from the file its ``valueFrom.path`` names. The ``onExit``
+template runs last, with ``{{workflow.status}}`` as given.
 """
 
 from __future__ import annotations
@@ -88,8 +89,15 @@ def run_task(
     if "resource" in template:
         run_gang(substitute(template["resource"]["manifest"], scope), env)
         return {}
+    return run_container(template, scope, scratch / name, env)
+
+
+def run_container(
+    template: dict[str, Any], scope: dict[str, str], folder: Path, env: dict[str, str]
+) -> dict[str, str]:
+    """Run a container template's command here; return its output parameters."""
+    name = template["name"]
     container = template["container"]
-    folder = scratch / name
     args = [substitute(a, scope) for a in container["args"]]
     args = [str(folder) if a == "/tmp/tideflow/outputs" else a for a in args]
     step_env = {e["name"]: substitute(e["value"], scope) for e in container["env"]}
@@ -119,7 +127,7 @@ def run_locally(
     env: dict[str, str],
     **params: Any,
 ) -> dict[str, dict[str, str]]:
-    """Run every step in DAG order; return each task's output parameters."""
+    """Run every step in DAG order, then the exit handler; return each task's outputs."""
     outputs: dict[str, dict[str, str]] = {}
     for task in dag_tasks(workflow):
         outputs[task["name"]] = run_task(
@@ -131,7 +139,28 @@ def run_locally(
             env=env,
             **params,
         )
+    run_exit_handler(workflow, scratch, workflow_name=workflow_name, env=env, status="Succeeded")
     return outputs
+
+
+def run_exit_handler(
+    workflow: dict[str, Any],
+    scratch: Path,
+    *,
+    workflow_name: str,
+    env: dict[str, str],
+    status: str,
+    **params: Any,
+) -> None:
+    """The ``onExit`` template, as Argo runs it once the DAG has ended with ``status``."""
+    template = templates(workflow)[workflow["spec"]["onExit"]]
+    scope = {
+        "workflow.name": workflow_name,
+        "workflow.status": status,
+        "retries": "0",
+        **defaults(workflow, **params),
+    }
+    run_container(template, scope, scratch / template["name"], env)
 
 
 def run_gang(manifest: str, env: dict[str, str]) -> None:

@@ -157,7 +157,11 @@ def test_steps_and_dependencies_equal_the_airflow_dags(repo: Path, digits: dict[
     assert argo == {t.task_id: sorted(t.upstream) for t in plan.tasks}
     airflow = {t.task_id: sorted(t.upstream_task_ids) for t in build_dag(plan).tasks}
     assert argo == airflow
-    assert set(templates(digits)) == {*argo, digits["spec"]["entrypoint"]}
+    # the DAG, one template per step, and the exit handler that closes the MLflow run
+    assert digits["spec"]["onExit"] == "pipeline-end"
+    assert set(templates(digits)) == {*argo, digits["spec"]["entrypoint"], "pipeline-end"}
+    end = templates(digits)["pipeline-end"]["container"]["args"]
+    assert end[:2] == ["pipeline_end", "--pipeline"] and "status:str={{workflow.status}}" in end
 
 
 def test_workflow_parameters_mirror_the_params(tmp_path: Path) -> None:
@@ -237,6 +241,10 @@ def test_every_variable_resolves_in_its_scope(digits: dict[str, Any]) -> None:
             scope.add("retries")
         body = yaml.safe_dump({k: v for k, v in template.items() if k != "outputs"})
         assert variables(body) <= scope, (task["name"], variables(body) - scope)
+    # The exit handler runs outside the DAG: it may also read the workflow's status.
+    end = templates(digits)[digits["spec"]["onExit"]]
+    scope = global_scope | {"workflow.status"} | ({"retries"} if "retryStrategy" in end else set())
+    assert variables(yaml.safe_dump(end)) <= scope
 
 
 # -- the gang step ----------------------------------------------------------------------------
@@ -349,7 +357,7 @@ def test_every_pod_is_restricted_and_valid_kubernetes(digits: dict[str, Any]) ->
     import kubernetes_validate
 
     steps = container_templates(digits)
-    assert set(steps) == {"prepare-data", "evaluate", "promote"}
+    assert set(steps) == {"prepare-data", "evaluate", "promote", "pipeline-end"}
     for template in steps.values():
         pod = as_pod(template)
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
@@ -376,7 +384,13 @@ def test_pods_select_their_pool_and_tolerate_its_taint(digits: dict[str, Any]) -
             continue
         assert toleration in template["tolerations"], name
         pools[name] = template["nodeSelector"][POOL_LABEL]
-    assert pools == {"prepare-data": "cpu", "train": "cpu", "evaluate": "npu", "promote": "cpu"}
+    assert pools == {
+        "prepare-data": "cpu",
+        "train": "cpu",
+        "evaluate": "npu",
+        "promote": "cpu",
+        "pipeline-end": "cpu",
+    }
     worker = volcano_job(digits)["spec"]["tasks"][0]["template"]["spec"]
     assert worker["nodeSelector"] == {POOL_LABEL: "cpu"} and toleration in worker["tolerations"]
     evaluate = templates(digits)["evaluate"]["container"]

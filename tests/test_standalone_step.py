@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.argo_run import REPO, run_locally, run_task, templates
+from tests.argo_run import REPO, run_exit_handler, run_locally, run_task, templates
 from tideflow.argo import compile_pipeline
 from tideflow.kube import KubeSettings
 from tideflow.steps.standalone import assign, parse_assignment, read_value
@@ -96,6 +96,8 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path) -> None:
     (train,) = client.search_runs([experiment.experiment_id], "tags.`tideflow.step` = 'train'")
     assert train.info.status == "FINISHED"
     assert train.data.tags["mlflow.parentRunId"] == run.data.tags["mlflow.parentRunId"]
+    # The exit handler closed the workflow's parent run with the workflow's status.
+    assert client.get_run(run.data.tags["mlflow.parentRunId"]).info.status == "FINISHED"
     assert len(client.get_metric_history(train.info.run_id, "loss")) >= 3
     assert train.data.tags["tideflow.checkpoint.latest"] == evaluated["checkpoint"]
 
@@ -113,6 +115,21 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path) -> None:
     )
     assert again["decision"] == "promoted" and again["version"] == "1"
     assert len(client.search_model_versions("name = 'digits-classifier'")) == 1
+
+
+def test_the_exit_handler_closes_a_failed_workflows_run_as_failed(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    workflow, env = compiled(tmp_path)
+    run_task(workflow, "prepare-data", tmp_path / "out", done={}, workflow_name=WORKFLOW, env=env)
+    # the training step failed, say: Argo runs the exit handler with that status
+    run_exit_handler(workflow, tmp_path / "out", workflow_name=WORKFLOW, env=env, status="Failed")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("digits")
+    (parent,) = client.search_runs(
+        [experiment.experiment_id], "tags.`tideflow.kind` = 'pipeline-run'"
+    )
+    assert parent.info.status == "FAILED" and parent.data.tags["tideflow.dag_run_id"] == WORKFLOW
 
 
 def executor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -185,4 +202,5 @@ def test_every_container_runs_the_executor(tmp_path: Path) -> None:
                 "data_prep",
                 "evaluation",
                 "promote_checkpoint",
+                "pipeline_end",
             )

@@ -99,12 +99,15 @@ def workflow_template(plan: WorkflowPlan) -> WorkflowTemplate:
     templates: list[Any] = [dag]
     for step in plan.steps:
         templates.append(_resource(step) if step.manifest is not None else _container(step))
+    if plan.on_exit is not None:
+        templates.append(_container(plan.on_exit))
     return WorkflowTemplate(
         name=plan.name,
         namespace=plan.namespace,
         labels=plan.labels,
         annotations=plan.annotations or None,
         entrypoint=plan.entrypoint,
+        on_exit=plan.on_exit.name if plan.on_exit is not None else None,
         arguments=[
             Parameter(
                 name=param.name,

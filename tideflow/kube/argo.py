@@ -117,6 +117,7 @@ class WorkflowPlan:
     entrypoint: str  # the DAG template's name
     params: tuple[WorkflowParam, ...]
     steps: tuple[StepTemplate, ...] = field(default=())
+    on_exit: StepTemplate | None = None  # runs once the DAG has ended, however it ended
 
 
 @dataclass(frozen=True)
@@ -647,6 +648,37 @@ class _Compiler:
                     section[resource] = per_worker.expression
 
     # -- the workflow ----------------------------------------------------------------------
+    def pipeline_end(self, name: str) -> StepTemplate:
+        """The exit handler: closes the workflow's parent MLflow run with its status.
+
+        Airflow does this in the DAG run's callbacks; on Argo it is the
+        workflow's ``onExit`` template, which runs whether the DAG succeeded.
+        """
+        task = TaskPlan(
+            task_id=name,
+            kind="pipeline_end",
+            operator="",
+            upstream=(),
+            pool="",
+            pool_slots=1,
+            retries=2,  # MLflow briefly down should not leave the run open
+            timeout_seconds=300,
+            config={},
+        )
+        args = self.executor(
+            task, {}, ("metadata",), {}, ["--set", "status:str={{workflow.status}}"]
+        )
+        return self.container_step(
+            task,
+            {},
+            args,
+            where="cpu",
+            env={},
+            requests={"cpu": "100m", "memory": "512Mi"},
+            limits={"memory": "512Mi"},
+            outputs=(),
+        )
+
     def compile(self) -> WorkflowPlan:
         builders = {
             "data_prep": self.data_prep,
@@ -658,8 +690,9 @@ class _Compiler:
         if self.issues:
             raise SpecError(self.file, self.issues)
         names = {task.task_id for task in self.plan.tasks}
-        entrypoint = next(
-            n for n in ("pipeline", *(f"pipeline-{i}" for i in range(1, 99))) if n not in names
+        entrypoint, exit_handler = (
+            next(n for n in (base, *(f"{base}-{i}" for i in range(1, 99))) if n not in names)
+            for base in ("pipeline", "pipeline-end")
         )
         params = tuple(
             WorkflowParam(
@@ -684,6 +717,7 @@ class _Compiler:
             entrypoint=entrypoint,
             params=params,
             steps=tuple(step for step in steps if step is not None),
+            on_exit=self.pipeline_end(exit_handler),
         )
 
 

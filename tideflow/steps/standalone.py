@@ -5,7 +5,9 @@
         [--device D] [--checkpoint-store URI] [--checkpoint-step N] [--training-step S]
         [--metrics JSON] --outputs DIR
 
-KIND is ``data_prep``, ``evaluation`` or ``promote_checkpoint``. ``--config`` is
+KIND is ``data_prep``, ``evaluation``, ``promote_checkpoint``, or ``pipeline_end``
+(the workflow's exit handler: it closes the parent MLflow run with the
+workflow's status, given as ``--set status:str=...``). ``--config`` is
 the step's configuration as JSON. Every value the workflow engine fills in when
 the step runs comes as its own ``--set``: a path into the configuration (keys
 and list indexes joined by '/', each URL-quoted), and how to read the text
@@ -42,7 +44,7 @@ from tideflow.steps.evaluation import (
     find_checkpoint,
 )
 
-KINDS = ("data_prep", "evaluation", "promote_checkpoint")
+KINDS = ("data_prep", "evaluation", "promote_checkpoint", "pipeline_end")
 EVALUATION_OUTPUTS = ("metrics", "device", *CHECKPOINT_KEYS)
 PROMOTION_OUTPUTS = ("decision", "version", "alias", "previous", "reason", "model_uri")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
@@ -276,10 +278,37 @@ def promote_checkpoint(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
     return result.outputs, PROMOTION_OUTPUTS
 
 
+def pipeline_end(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The workflow's exit handler: close its parent MLflow run with the workflow's status.
+
+    Never fails the workflow over MLflow: a run left open is logged, not raised.
+    """
+    from tideflow.tracking import finish_pipeline_run, tracking_enabled
+
+    a = step.args
+    status = str(step.config.get("status", ""))
+    if not tracking_enabled():
+        return {}, ()
+    try:
+        closed = finish_pipeline_run(
+            pipeline=a.pipeline,
+            dag_id=a.pipeline,
+            dag_run_id=a.run_id,
+            succeeded=status == "Succeeded",
+        )
+    except Exception as exc:
+        _say(f"tideflow: could not close the pipeline's MLflow run: {exc}")
+        return {}, ()
+    if closed:
+        _say(f"tideflow: pipeline run {a.run_id} closed on MLflow ({status or 'unknown'})")
+    return {}, ()
+
+
 RUNNERS: dict[str, Callable[[Step], tuple[dict[str, Any], tuple[str, ...]]]] = {
     "data_prep": data_prep,
     "evaluation": evaluation,
     "promote_checkpoint": promote_checkpoint,
+    "pipeline_end": pipeline_end,
 }
 
 
