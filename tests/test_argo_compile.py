@@ -576,3 +576,58 @@ def test_cli_reports_an_uncompilable_pipeline_like_validate(repo: Path) -> None:
     lines = done.stderr.splitlines()
     assert lines[0] == "tests/data/pipelines/full.yaml: 1 problem"
     assert lines[1].startswith("tests/data/pipelines/full.yaml:27:19: steps[1].gang_training")
+
+
+# -- schedules ---------------------------------------------------------------------------------
+
+
+def scheduled(tmp_path: Path, schedule: str) -> Path:
+    text = pipeline('- name: prep\n  data_prep: {entrypoint: "m:f", outputs: [out]}\n')
+    return write(tmp_path, text.replace("team: qa}", f"team: qa, schedule: '{schedule}'}}"))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "argo"),
+    [("0 2 * * 1-5", "0 2 * * 1-5"), ("@daily", "@daily"), ("@quarterly", "0 0 1 */3 *")],
+)
+def test_a_scheduled_pipeline_gets_a_cron_workflow_that_submits_it(
+    tmp_path: Path, schedule: str, argo: str
+) -> None:
+    from hera.workflows import models as m
+
+    from tideflow.argo import render_cron
+    from tideflow.argo import write as write_files
+
+    path = scheduled(tmp_path, schedule)
+    plan, _ = compile_pipeline(path, settings=KubeSettings(namespace="ml"))
+    text = render_cron(plan, str(path))
+    assert text is not None
+    cron = yaml.safe_load(text)
+    m.CronWorkflow.model_validate(cron)  # Argo's own model of the object
+    assert (cron["apiVersion"], cron["kind"]) == ("argoproj.io/v1alpha1", "CronWorkflow")
+    assert cron["metadata"]["name"] == "p" and cron["metadata"]["namespace"] == "ml"
+    assert cron["spec"]["schedules"] == [argo]
+    assert cron["spec"]["timezone"] == "UTC"  # Airflow's default time zone
+    assert cron["spec"]["workflowSpec"] == {"workflowTemplateRef": {"name": "p"}}
+    written = write_files(path, tmp_path / "out", settings=KubeSettings(namespace="ml"))
+    assert [f.name for f in written] == ["p.workflowtemplate.yaml", "p.cronworkflow.yaml"]
+    assert written[1].read_text() == text
+
+
+def test_an_unscheduled_pipeline_gets_no_cron_workflow(repo: Path) -> None:
+    from tideflow.argo import render_cron
+
+    plan, _ = compile_pipeline(repo / "pipelines" / "digits.yaml", settings=KubeSettings())
+    assert plan.schedule is None and render_cron(plan, "digits.yaml") is None
+
+
+@pytest.mark.parametrize("schedule", ["@once", "@continuous"])
+def test_a_schedule_argo_cannot_run_is_refused(tmp_path: Path, schedule: str) -> None:
+    path = scheduled(tmp_path, schedule)
+    with pytest.raises(SpecError) as caught:
+        compile_pipeline(path, settings=KubeSettings())
+    (issue,) = caught.value.issues
+    assert str(issue).startswith(
+        f"{path}:3:41: metadata.schedule: schedule '{schedule}' has no Argo CronWorkflow form; "
+        "a cron expression, one of @hourly, @daily"
+    )

@@ -124,14 +124,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"tideflow compile: {exc}", file=sys.stderr)
         return 2
     # hera is an edge dependency (the platform extra): imported only for this command.
-    from tideflow.argo import compile_pipeline, write
+    from tideflow.argo import compile_pipeline, render_cron, write
 
     inventory = _inventory(args.cluster)
     if args.output:
-        target = write(args.pipeline, args.output, settings=settings, inventory=inventory)
-        print(f"wrote {target}")
+        for target in write(args.pipeline, args.output, settings=settings, inventory=inventory):
+            print(f"wrote {target}")
     else:
-        sys.stdout.write(compile_pipeline(args.pipeline, settings=settings, inventory=inventory)[1])
+        plan, text = compile_pipeline(args.pipeline, settings=settings, inventory=inventory)
+        cron = render_cron(plan, args.pipeline)
+        sys.stdout.write(text if cron is None else f"{text}---\n{cron}")
     return 0
 
 
@@ -298,7 +300,9 @@ def _add_compile(sub: Any) -> None:
         help="compile a pipeline for an engine: an Argo WorkflowTemplate, or the Airflow DAG",
         description="Compile a pipeline. --target argo writes an Argo WorkflowTemplate "
         "(one DAG task per step, the gang step as a Volcano Job) to "
-        "DIR/<pipeline>.workflowtemplate.yaml, or prints it without -o; namespace, image, "
+        "DIR/<pipeline>.workflowtemplate.yaml, and for a scheduled pipeline a CronWorkflow "
+        "that submits it to DIR/<pipeline>.cronworkflow.yaml (without -o: both printed, "
+        "as one YAML stream); namespace, image, "
         "store Secret and MLflow address come from TIDEFLOW_K8S_* and TIDEFLOW_ARTIFACT_ROOT. "
         "--target airflow prints the DAG summary, as `tideflow plan` does.",
     )

@@ -5,6 +5,20 @@ pure); this package only maps them onto hera's objects, which emit the
 WorkflowTemplate. It imports neither Airflow nor the Airflow layer.
 """
 
-from tideflow.argo.workflow import compile_pipeline, render, workflow_template, write
+from tideflow.argo.workflow import (
+    compile_pipeline,
+    cron_workflow,
+    render,
+    render_cron,
+    workflow_template,
+    write,
+)
 
-__all__ = ["compile_pipeline", "render", "workflow_template", "write"]
+__all__ = [
+    "compile_pipeline",
+    "cron_workflow",
+    "render",
+    "render_cron",
+    "workflow_template",
+    "write",
+]

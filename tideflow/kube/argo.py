@@ -77,6 +77,17 @@ STEP_CPU, STEP_MEMORY = "1", "2Gi"
 # Argo refuses other characters in parameter names.
 ARGO_NAME = re.compile(r"^[-a-zA-Z0-9_]+$")
 ARGO_NAME_ACCEPTED = "letters, digits, '-' and '_' (Argo parameter names)"
+# Airflow's schedule presets in Argo's cron (robfig/cron): most are the same descriptor;
+# "@quarterly" is not one. "@once" and "@continuous" have no CronWorkflow form.
+ARGO_SCHEDULES = {
+    "@hourly": "@hourly",
+    "@daily": "@daily",
+    "@weekly": "@weekly",
+    "@monthly": "@monthly",
+    "@quarterly": "0 0 1 */3 *",
+    "@yearly": "@yearly",
+}
+
 # How the standalone executor reads a value Argo filled in (see tideflow.steps.standalone).
 VALUE_TYPES = {"string": "str", "int": "int", "float": "float", "bool": "bool"}
 
@@ -118,6 +129,7 @@ class WorkflowPlan:
     params: tuple[WorkflowParam, ...]
     steps: tuple[StepTemplate, ...] = field(default=())
     on_exit: StepTemplate | None = None  # runs once the DAG has ended, however it ended
+    schedule: str | None = None  # a CronWorkflow submits the template on it (Argo's cron form)
 
 
 @dataclass(frozen=True)
@@ -679,6 +691,21 @@ class _Compiler:
             outputs=(),
         )
 
+    def schedule(self) -> str | None:
+        """The pipeline's schedule as an Argo CronWorkflow reads it (cron fields pass as is)."""
+        schedule = self.plan.schedule
+        if schedule is None or not schedule.startswith("@"):
+            return schedule
+        if schedule not in ARGO_SCHEDULES:
+            self.issue(
+                ("metadata", "schedule"),
+                f"schedule '{schedule}' has no Argo CronWorkflow form",
+                "a cron expression, one of " + ", ".join(ARGO_SCHEDULES) + ", or null "
+                "(then submit the WorkflowTemplate yourself)",
+            )
+            return None
+        return ARGO_SCHEDULES[schedule]
+
     def compile(self) -> WorkflowPlan:
         builders = {
             "data_prep": self.data_prep,
@@ -687,6 +714,7 @@ class _Compiler:
             "gang_training": self.gang,
         }
         steps = [builders[task.kind](i, task) for i, task in enumerate(self.plan.tasks)]
+        schedule = self.schedule()
         if self.issues:
             raise SpecError(self.file, self.issues)
         names = {task.task_id for task in self.plan.tasks}
@@ -718,6 +746,7 @@ class _Compiler:
             params=params,
             steps=tuple(step for step in steps if step is not None),
             on_exit=self.pipeline_end(exit_handler),
+            schedule=schedule,
         )
 
 
