@@ -282,3 +282,64 @@ def test_device_hours_per_team_count_released_expired_and_held_leases(
     }
     # Only the part of each lease inside the window counts.
     assert hours(start + 3000) == {("nlp", "gpu"): 4.0, ("vision", "gpu"): round(2 * 600 / 3600, 6)}
+
+
+# -- elastic gangs ---------------------------------------------------------------------------
+
+
+def elastic(gang_id: str, workers: int, minimum: int, per: int = 8) -> GangRequest:
+    return GangRequest(gang_id, "team", "gpu", "H100", workers, per, min_workers=minimum)
+
+
+def test_an_elastic_gang_starts_with_what_fits_down_to_its_minimum(
+    tmp_path: Path, clock: Clock
+) -> None:
+    book = ledger(tmp_path, cluster(("h", 4, "H100", 8)), clock)
+    assert isinstance(book.try_acquire(gang("busy", 1, 8), "op", 60), Lease)  # one node taken
+    # A rigid 4-node gang waits; an elastic one (at least 2) starts on the 3 free nodes.
+    assert isinstance(book.try_acquire(gang("rigid", 4, 8), "op", 60), Refusal)
+    book.forget("rigid")
+    lease = book.try_acquire(elastic("flex", 4, 2), "op", 60)
+    assert isinstance(lease, Lease) and lease.workers == 3 and lease.min_workers == 2
+    assert [p.rank for p in lease.placements] == [0, 1, 2] and len(set(lease.nodes)) == 3
+    assert book.lease_for("flex") == lease  # the minimum is kept with the lease
+    # When its minimum does not fit, it waits, and the refusal names the minimum.
+    refused = book.try_acquire(elastic("late", 4, 2), "op", 60)
+    assert isinstance(refused, Refusal) and not refused.never
+    assert refused.reason.startswith("2 worker(s) x 8 H100 gpu do not fit now")
+
+
+def test_an_elastic_gang_takes_its_full_size_when_it_fits(tmp_path: Path, clock: Clock) -> None:
+    book = ledger(tmp_path, cluster(("h", 4, "H100", 8)), clock)
+    lease = book.try_acquire(elastic("flex", 4, 1), "op", 60)
+    assert isinstance(lease, Lease) and lease.workers == 4
+    # Larger than the cluster, but its minimum fits: it runs smaller rather than never.
+    small = cluster(("h", 2, "H100", 8))
+    assert len(place(elastic("big", 6, 2), small, {})) == 2
+    never = place(elastic("huge", 6, 3), small, {})
+    assert isinstance(never, Refusal) and never.never and "3 worker(s)" in never.reason
+
+
+def test_min_workers_outside_one_to_workers_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"min_workers 5 must be within 1\.\.4"):
+        elastic("bad", 4, 5)
+
+
+def test_a_ledger_written_before_elastic_gangs_is_upgraded(tmp_path: Path, clock: Clock) -> None:
+    old = sqlite3.connect(tmp_path / "leases.db")
+    old.execute(
+        "CREATE TABLE leases (lease_id TEXT PRIMARY KEY, gang_id TEXT NOT NULL UNIQUE, "
+        "holder TEXT NOT NULL, team TEXT NOT NULL, device_class TEXT NOT NULL, model TEXT, "
+        "placements TEXT NOT NULL, priority INTEGER NOT NULL, preemptible INTEGER NOT NULL, "
+        "acquired_at REAL NOT NULL, expires_at REAL NOT NULL)"
+    )
+    old.execute(
+        "INSERT INTO leases VALUES ('l1', 'held', 'op', 'team', 'gpu', 'H100', "
+        '\'[{"rank": 0, "node": "h-0", "devices": [0]}]\', 0, 1, 900, 5000)'
+    )
+    old.commit()
+    old.close()
+    book = ledger(tmp_path, cluster(("h", 2, "H100", 8)), clock)
+    (kept,) = book.leases()
+    assert kept.gang_id == "held" and kept.min_workers is None
+    assert isinstance(book.try_acquire(elastic("flex", 2, 1), "op", 60), Lease)

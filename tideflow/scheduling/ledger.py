@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS leases (
     priority INTEGER NOT NULL,
     preemptible INTEGER NOT NULL,
     acquired_at REAL NOT NULL,
-    expires_at REAL NOT NULL
+    expires_at REAL NOT NULL,
+    min_workers INTEGER
 );
 CREATE TABLE IF NOT EXISTS claims (
     node TEXT NOT NULL,
@@ -105,6 +106,9 @@ class LeaseLedger:
         try:
             setup.execute("PRAGMA journal_mode=WAL")
             setup.executescript(_SCHEMA)
+            columns = {row[1] for row in setup.execute("PRAGMA table_info(leases)")}
+            if "min_workers" not in columns:  # a ledger written before elastic gangs
+                setup.execute("ALTER TABLE leases ADD COLUMN min_workers INTEGER")
         finally:
             setup.close()
         with self._transaction() as db:
@@ -154,6 +158,7 @@ class LeaseLedger:
             preemptible,
             acquired_at,
             expires_at,
+            min_workers,
         ) = row
         return Lease(
             str(lease_id),
@@ -167,6 +172,7 @@ class LeaseLedger:
             bool(preemptible),
             float(str(acquired_at)),
             float(str(expires_at)),
+            None if min_workers is None else int(str(min_workers)),
         )
 
     def _used(self, db: sqlite3.Connection, device_class: str) -> dict[str, set[int]]:
@@ -190,7 +196,7 @@ class LeaseLedger:
                     "UPDATE leases SET expires_at = MAX(expires_at, ?) WHERE gang_id = ?",
                     (now + ttl_s, request.gang_id),
                 )
-                return self._lease((*row[:10], max(float(row[10]), now + ttl_s)))
+                return self._lease((*row[:10], max(float(row[10]), now + ttl_s), *row[11:]))
             used = self._used(db, request.device_class)
             placed = place(request, self.inventory, used)
             if isinstance(placed, Refusal):
@@ -219,9 +225,10 @@ class LeaseLedger:
                 request.preemptible,
                 now,
                 now + ttl_s,
+                request.min_workers if request.elastic else None,
             )
             db.execute(
-                "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     lease.lease_id,
                     lease.gang_id,
@@ -234,6 +241,7 @@ class LeaseLedger:
                     int(lease.preemptible),
                     lease.acquired_at,
                     lease.expires_at,
+                    lease.min_workers,
                 ),
             )
             db.executemany(

@@ -19,6 +19,19 @@ class GangRequest:
     devices_per_worker: int
     priority: int = 0  # higher goes first
     preemptible: bool = True
+    # Elastic: the gang may start (and be resized) with as few as this many workers.
+    min_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.workers:
+            raise ValueError(
+                f"gang {self.gang_id}: min_workers {self.min_workers} must be within "
+                f"1..{self.workers} (its workers)"
+            )
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None and self.min_workers < self.workers
 
     @property
     def devices(self) -> int:
@@ -64,6 +77,11 @@ class Lease:
     preemptible: bool
     acquired_at: float
     expires_at: float
+    min_workers: int | None = None  # the request's elastic minimum (None: rigid)
+
+    @property
+    def workers(self) -> int:
+        return len(self.placements)
 
     @property
     def nodes(self) -> tuple[str, ...]:

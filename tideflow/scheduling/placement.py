@@ -7,12 +7,17 @@ Policy, in the order it is applied:
     node, take the node with the most free room (whole free nodes first);
   * best fit for the rest: the fullest node that still holds the remaining
     workers, so whole nodes stay free for the next big gang;
-  * a worker's devices are the lowest free indices of its node.
+  * a worker's devices are the lowest free indices of its node;
+  * an elastic gang (``min_workers`` below ``workers``) that does not fit whole
+    starts with the most workers that fit now, down to its minimum, as Kueue's
+    partial admission does; it never waits for its full size while a smaller
+    one would run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from tideflow.inventory import Inventory, Node
 from tideflow.scheduling.model import GangRequest, Refusal, WorkerPlacement
@@ -86,6 +91,20 @@ def _summary(request: GangRequest, inventory: Inventory, used: Mapping[str, set[
 
 
 def place(
+    request: GangRequest, inventory: Inventory, used: Mapping[str, set[int]]
+) -> tuple[WorkerPlacement, ...] | Refusal:
+    whole = _place_exactly(request, inventory, used)
+    if not isinstance(whole, Refusal) or not request.elastic or request.min_workers is None:
+        return whole
+    for workers in range(request.workers - 1, request.min_workers - 1, -1):
+        smaller = _place_exactly(replace(request, workers=workers), inventory, used)
+        if not isinstance(smaller, Refusal):
+            return smaller
+    # Not even the minimum fits: say so for the minimum (never, only if it never can).
+    return _place_exactly(replace(request, workers=request.min_workers), inventory, used)
+
+
+def _place_exactly(
     request: GangRequest, inventory: Inventory, used: Mapping[str, set[int]]
 ) -> tuple[WorkerPlacement, ...] | Refusal:
     label = request.label()
