@@ -38,6 +38,7 @@ class GangTrainingOperator(TideflowOperator):
         "args",
         "env",
         "workers",
+        "min_workers",
         "devices_per_worker",
         "max_restarts",
         "checkpoint",
@@ -101,6 +102,7 @@ class GangTrainingOperator(TideflowOperator):
         return {
             "device": self.device,
             "workers": self.workers,
+            "min_workers": self.min_workers,
             "devices_per_worker": self.devices_per_worker,
             "priority": self.priority,
             "preemptible": self.preemptible,
@@ -174,6 +176,15 @@ class GangTrainingOperator(TideflowOperator):
         store = self.checkpoint.get("store") or f"{ctx.artifact_root}/{ctx.run_prefix}/checkpoints"
         env = {**{k: str(v) for k, v in self.env.items()}, **checkpoint_env(self.checkpoint, store)}
         env.update(self._tracking_env(context, ctx))
+        if lease.min_workers is not None:  # elastic: it may resume on another worker count
+            env["TIDEFLOW_MIN_WORKERS"] = str(lease.min_workers)
+            if lease.workers < int(self.workers):
+                self.log.info(
+                    "tideflow: elastic gang starts with %d of %s worker(s) (minimum %d)",
+                    lease.workers,
+                    self.workers,
+                    lease.min_workers,
+                )
         command = self._command(ctx, state_dir / "contexts")
         job = build_job(
             lease,

@@ -63,6 +63,34 @@ def test_sampler_refuses_a_different_gang_shape() -> None:
         three.load_state_dict(two.state_dict())
 
 
+@pytest.mark.parametrize(("before", "after", "stop_after"), [(2, 1, 7), (3, 2, 5), (1, 4, 9)])
+def test_an_elastic_sampler_resumes_on_another_world_size_skipping_nothing(
+    before: int, after: int, stop_after: int
+) -> None:
+    size, batch = 240, 4
+    firsts = [
+        ResumableDistributedSampler(size, batch_size=batch, world_size=before, rank=r, seed=3)
+        for r in range(before)
+    ]
+    seen = [i for sampler in firsts for i in consume(sampler, stop_after)]
+    resumed = [
+        ResumableDistributedSampler(size, batch_size=batch, world_size=after, rank=r, seed=3)
+        for r in range(after)
+    ]
+    for sampler in resumed:
+        sampler.load_state_dict(firsts[0].state_dict(), elastic=True)
+    rest = [
+        i
+        for sampler in resumed
+        for i in consume(sampler, sampler.batches_per_epoch - sampler.batches_done)
+    ]
+    # The epoch is covered (no sample skipped); fewer than one global batch is seen twice.
+    usable = resumed[0].batches_per_epoch * batch * after
+    assert set(seen) | set(rest) == set(firsts[0]._order()[:usable].tolist()) | set(seen)
+    assert set(rest) >= set(firsts[0]._order()[len(seen) : usable].tolist())
+    assert len(seen) + len(rest) - len(set(seen) | set(rest)) < batch * after
+
+
 def test_rng_state_round_trips_through_weights_only_load(tmp_path: object) -> None:
     import io
 

@@ -40,15 +40,19 @@ def request_from_dict(data: dict[str, Any]) -> GangRequest:
 
 def build_request(gang_id: str, team: str, config: dict[str, Any]) -> GangRequest:
     device = config["device"]
+    workers = int(config["workers"])
+    minimum = config.get("min_workers")
     return GangRequest(
         gang_id=gang_id,
         team=team,
         device_class=device["class"],
         model=device.get("model"),
-        workers=int(config["workers"]),
+        workers=workers,
         devices_per_worker=int(config["devices_per_worker"]),
         priority=int(config.get("priority", 0)),
         preemptible=bool(config.get("preemptible", True)),
+        # elastic only when the minimum is below the size; equal means rigid
+        min_workers=int(minimum) if minimum not in (None, "") and int(minimum) < workers else None,
     )
 
 

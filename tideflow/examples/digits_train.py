@@ -144,16 +144,26 @@ def train(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one readable trai
     every = config.checkpoint_every_steps or args.checkpoint_every
     step = 0
     best_accuracy = 0.0
-    resumed = checkpointer.load_latest() if checkpointer else None
+    resumed = checkpointer.load_latest(elastic=config.elastic) if checkpointer else None
     if resumed is not None:
         step, shared, mine = resumed
         model.load_state_dict(shared["model"])
         optimizer.load_state_dict(shared["optimizer"])
         precision.load_state_dict(shared["scaler"])
-        sampler.load_state_dict(shared["sampler"])
+        sampler.load_state_dict(shared["sampler"], elastic=config.elastic)
         best_accuracy = float(shared["best_accuracy"])
-        set_rng_state(mine["rng"])
-        print(f"resumed from step {step} (restart {config.restart_count})", flush=True)
+        if "rng" in mine:
+            set_rng_state(mine["rng"])
+        resized = int(shared["sampler"]["world_size"])
+        print(
+            f"resumed from step {step} (restart {config.restart_count})"
+            + (
+                f" on {info.world_size} worker(s), was {resized}"
+                if resized != info.world_size
+                else ""
+            ),
+            flush=True,
+        )
     elif info.is_main:
         metrics.log_params(
             {
@@ -165,7 +175,6 @@ def train(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one readable trai
                 "workers": info.world_size,
             }
         )
-    total_steps = args.epochs * sampler.batches_per_epoch
     last_saved = step
     latest_eval: dict[str, float] = {}  # recorded with each checkpoint (keep_best uses it)
 
@@ -188,7 +197,9 @@ def train(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one readable trai
             last_saved = step
 
     try:
-        while step < total_steps:
+        # By epochs, not steps: an elastic gang resumed on other ranks counts steps
+        # of another size.
+        while sampler.epoch < args.epochs:
             for batch in sampler.batches():
                 with precision.autocast():
                     loss = F.cross_entropy(

@@ -184,19 +184,31 @@ class AsyncCheckpointer:
         return self.last_committed
 
     # -- loading -------------------------------------------------------------------
-    def load_latest(self) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
-        """(step, shared state, this rank's state) of the newest committed checkpoint."""
+    def load_latest(
+        self, *, elastic: bool = False
+    ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+        """(step, shared state, this rank's state) of the newest committed checkpoint.
+
+        A checkpoint written by a different number of ranks is refused unless
+        the gang is ``elastic``; then a rank the checkpoint has no shard for
+        gets an empty state (it starts its own RNG stream).
+        """
         manifest = self.manager.latest()
         if manifest is None:
             return None
-        if int(manifest.meta.get("world_size", self.dist.world_size)) != self.dist.world_size:
+        written_by = int(manifest.meta.get("world_size", self.dist.world_size))
+        if written_by != self.dist.world_size and not elastic:
             raise RuntimeError(
                 f"checkpoint step {manifest.step} was written by "
                 f"{manifest.meta.get('world_size')} ranks, this gang has "
                 f"{self.dist.world_size}"
             )
         shared = _load(self.manager.read_shard(manifest, "model.pt"))
-        mine = _load(self.manager.read_shard(manifest, f"rank-{self.dist.rank}.pt"))
+        mine = (
+            _load(self.manager.read_shard(manifest, f"rank-{self.dist.rank}.pt"))
+            if self.dist.rank < written_by
+            else {}
+        )
         self.resumed_from = manifest.step
         self.last_committed = manifest
         return manifest.step, shared, mine

@@ -21,6 +21,13 @@ class EnvConfig:
     device_class: str
     emulated: bool
     restart_count: int
+    # Elastic gangs: the fewest workers it may run with; resuming on a different
+    # number of workers than the checkpoint was written by is then allowed.
+    min_workers: int | None = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None
 
     @classmethod
     def from_env(cls) -> EnvConfig:
@@ -36,4 +43,5 @@ class EnvConfig:
             device_class=os.environ.get("TIDEFLOW_DEVICE_CLASS", "cpu"),
             emulated=os.environ.get("TIDEFLOW_EMULATED") == "1",
             restart_count=_int("TIDEFLOW_RESTART_COUNT") or 0,
+            min_workers=_int("TIDEFLOW_MIN_WORKERS"),
         )

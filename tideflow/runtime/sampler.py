@@ -71,12 +71,24 @@ class ResumableDistributedSampler:
             "batch_size": self.batch_size,
         }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["world_size"] != self.world_size or state["batch_size"] != self.batch_size:
+    def load_state_dict(self, state: dict[str, int], *, elastic: bool = False) -> None:
+        """Resume where ``state`` stopped.
+
+        With the same gang shape, exactly (no sample skipped or repeated). An
+        elastic gang may resume on a different number of ranks: the epoch's
+        order is the same whatever the world size and the gang has consumed a
+        prefix of it, so it resumes at that prefix rounded down to a whole
+        batch of the new shape (fewer than one global batch is seen twice,
+        none is skipped).
+        """
+        if state["batch_size"] != self.batch_size or (
+            state["world_size"] != self.world_size and not elastic
+        ):
             raise ValueError(
                 "resuming with a different world size or batch size would change "
                 "the sample order; resume with the same gang shape"
             )
         self.epoch = int(state["epoch"])
-        self.batches_done = int(state["batches_done"])
+        consumed = int(state["batches_done"]) * int(state["world_size"])  # per-rank batches
+        self.batches_done = consumed // self.world_size
         self.seed = int(state["seed"])
