@@ -8,7 +8,9 @@ device class.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,6 +106,54 @@ def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
     step, weights = final_weights(checkpoints)
     assert step == reference[0]
     assert_same(weights, reference[1])
+
+
+def test_an_elastic_gang_is_shrunk_not_stopped_and_goes_on_with_fewer_workers(
+    splits: dict[str, str], tmp_path: Path
+) -> None:
+    """The broker takes one of an elastic gang's two GPUs; the gang checkpoints and
+    its next lease (what its operator asks for again) has the one GPU left."""
+    ledger = lab(tmp_path)
+    backend = LocalBackend(tmp_path / "gangs")
+    actuator = LocalActuator(
+        ledger,
+        backend,
+        node_gpus=1,
+        grace_s=120,
+        poll_s=0.2,
+        checkpoint_store=backend.checkpoint_store,
+    )
+    request = GangRequest("flex", "vision", "gpu", None, 2, 1, min_workers=1)
+    checkpoints = (tmp_path / "ckpt").as_uri()
+    env = {"TIDEFLOW_CHECKPOINT_URI": checkpoints, "TIDEFLOW_MIN_WORKERS": "1"}
+
+    def start(lease: Lease, **kw: Any) -> None:
+        base = job("flex", splits, checkpoints, device_class="gpu", workers=lease.workers, **kw)
+        backend.submit(replace(base, env=env))
+
+    lease = ledger.try_acquire(request, "operator", 600)
+    assert isinstance(lease, Lease) and lease.workers == 2
+    start(lease, step_delay=0.02)
+    wait_for_step(backend.log_path("flex"), 30)
+    (view,) = actuator.gangs()
+    assert view.gpus == 2 and view.min_gpus == 1
+
+    peak = decide(load_now(actuator, 1000.0, 10.0), CONFIG)
+    (reclaim,) = peak.reclaims
+    assert peak.action is Action.GROW and (reclaim.gang_id, reclaim.evicted) == ("flex", False)
+    applied = actuator.apply(peak)
+    assert applied.complete and applied.preempted == ("flex",) and applied.forced == ()
+    stopped = CheckpointManager(checkpoints).latest()
+    assert stopped is not None and stopped.meta["world_size"] == 2
+
+    # Its operator asks again: the ledger grants the one GPU inference left.
+    smaller = ledger.try_acquire(request, "operator", 600)
+    assert isinstance(smaller, Lease) and smaller.workers == 1
+    start(smaller)
+    assert backend.wait("flex", 300).state is GangState.SUCCEEDED
+    log = backend.log_path("flex").read_text()
+    assert f"resumed from step {stopped.step} (restart 0) on 1 worker(s), was 2" in log
+    assert actuator.inference_gpus() == 1
 
 
 class _Series:

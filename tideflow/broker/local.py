@@ -8,7 +8,9 @@ supervisor -> SIGTERM to the workers -> checkpoint -> exit 75, resumable),
 waits up to the grace for them to stop, takes their devices back from the
 ledger, and only then places the new reservations. A victim that has not
 stopped by the end of the grace is cancelled (its work since its last
-checkpoint is lost) and says so in the result.
+checkpoint is lost) and says so in the result. An elastic gang that is to
+shrink is stopped the same way and resumes on the workers left to it
+(restart-based elasticity: its operator's next lease is smaller).
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ class LocalActuator:
                     x.acquired_at,
                     self.checkpoint_store(x.gang_id) if self.checkpoint_store else None,
                 ),
+                # an elastic gang may give back all but its minimum's devices
+                x.min_workers * len(x.placements[0].devices)
+                if x.min_workers is not None and x.placements
+                else None,
             )
             for x in self._of_class()
             if not x.gang_id.startswith(INFERENCE_PREFIX) and x.preemptible
@@ -147,7 +153,10 @@ class LocalActuator:
         if target == current:
             return Applied(current, (), (), True, 0.0, "nothing to move")
 
-        victims = [r.gang_id for r in decision.reclaims if r.evicted]
+        # A local gang cannot drop workers while it runs: an elastic one that is to
+        # shrink is stopped after a checkpoint like the others, and its operator asks
+        # the ledger again, which grants what is left (down to its minimum).
+        victims = [r.gang_id for r in decision.reclaims]
         for gang_id in victims:
             if self.backend is not None:
                 self.backend.preempt(gang_id)  # checkpoint, then exit resumable
