@@ -343,3 +343,17 @@ def test_a_ledger_written_before_elastic_gangs_is_upgraded(tmp_path: Path, clock
     (kept,) = book.leases()
     assert kept.gang_id == "held" and kept.min_workers is None
     assert isinstance(book.try_acquire(elastic("flex", 2, 1), "op", 60), Lease)
+
+
+def test_a_steps_min_workers_makes_its_request_elastic_only_below_workers() -> None:
+    from tideflow.gangs import build_request, request_from_dict, request_to_dict
+
+    def request(**config: object) -> GangRequest:
+        base = {"device": {"class": "gpu"}, "workers": 4, "devices_per_worker": 8}
+        return build_request("g", "t", {**base, **config})
+
+    assert request(min_workers=None).min_workers is None
+    assert request(min_workers=4).min_workers is None  # equal to workers: rigid
+    flexible = request(min_workers="2")  # a rendered template is text
+    assert flexible.min_workers == 2 and flexible.elastic
+    assert request_from_dict(request_to_dict(flexible)) == flexible  # through the trigger
