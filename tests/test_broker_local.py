@@ -46,6 +46,21 @@ def lab(tmp_path: Path) -> LeaseLedger:
     return LeaseLedger(tmp_path / "leases.db", Inventory("lab", nodes, declared=True))
 
 
+def lab_with_gangs(tmp_path: Path) -> tuple[LeaseLedger, LocalBackend, LocalActuator]:
+    """The lab's ledger, a local gang backend, and an actuator that reads gangs' checkpoints."""
+    ledger = lab(tmp_path)
+    backend = LocalBackend(tmp_path / "gangs")
+    actuator = LocalActuator(
+        ledger,
+        backend,
+        node_gpus=1,
+        grace_s=120,
+        poll_s=0.2,
+        checkpoint_store=backend.checkpoint_store,
+    )
+    return ledger, backend, actuator
+
+
 def load_now(actuator: LocalActuator, now: float, rps: float) -> Snapshot:
     return Snapshot(
         now_s=now,
@@ -60,16 +75,7 @@ def load_now(actuator: LocalActuator, now: float, rps: float) -> Snapshot:
 def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
     splits: dict[str, str], reference: tuple[int, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:
-    ledger = lab(tmp_path)
-    backend = LocalBackend(tmp_path / "gangs")
-    actuator = LocalActuator(
-        ledger,
-        backend,
-        node_gpus=1,
-        grace_s=120,
-        poll_s=0.2,
-        checkpoint_store=backend.checkpoint_store,
-    )
+    ledger, backend, actuator = lab_with_gangs(tmp_path)
     request = GangRequest("digits-train", "vision", "gpu", None, 2, 1)
     checkpoints = (tmp_path / "ckpt").as_uri()
 
@@ -113,16 +119,7 @@ def test_an_elastic_gang_is_shrunk_not_stopped_and_goes_on_with_fewer_workers(
 ) -> None:
     """The broker takes one of an elastic gang's two GPUs; the gang checkpoints and
     its next lease (what its operator asks for again) has the one GPU left."""
-    ledger = lab(tmp_path)
-    backend = LocalBackend(tmp_path / "gangs")
-    actuator = LocalActuator(
-        ledger,
-        backend,
-        node_gpus=1,
-        grace_s=120,
-        poll_s=0.2,
-        checkpoint_store=backend.checkpoint_store,
-    )
+    ledger, backend, actuator = lab_with_gangs(tmp_path)
     request = GangRequest("flex", "vision", "gpu", None, 2, 1, min_workers=1)
     checkpoints = (tmp_path / "ckpt").as_uri()
     env = {"TIDEFLOW_CHECKPOINT_URI": checkpoints, "TIDEFLOW_MIN_WORKERS": "1"}
