@@ -8,9 +8,9 @@ jumps observed over the same horizon in the past week (learned, not
 configured), or the seasonal estimate when that is higher (a daily peak that
 is due). How many windows the level spans is learned too: a long span rides
 out short dips and needs a small jump factor, a short span follows the load
-down sooner but needs a larger one; which bound is tighter on average depends
-on the trace, so each candidate span is scored on the past week and the
-tightest is used. Outage windows are cleaned out first (``clean_outages``), so
+down sooner but needs a larger one; which is better depends on the trace, so
+each candidate span is scored on the past week by quantile loss and the best
+is used. Outage windows are cleaned out first (``clean_outages``), so
 a silent metric neither drags the level down nor teaches the forecaster that
 load can drop to zero.
 """
@@ -138,13 +138,14 @@ class LoadForecaster:
     def jump_model(
         self, rates: dict[int, float], now_slot: int, ahead: int, quantile: float
     ) -> JumpModel:
-        """The level span and jump factor whose bound was tightest over the past week.
+        """The level span and jump factor whose bound scored best over the past week.
 
         For each candidate span k, over the windows of the past week: the ratio of
         the highest load in the ``ahead`` windows that followed to the highest of the
-        k windows up to it; the factor is its ``quantile``, and the span kept is the
-        one whose bound (factor x level) was lowest on average, so every candidate
-        covers the same share of the past and the cheapest is taken.
+        k windows up to it; the factor is its ``quantile``. Every candidate so covers
+        the same share of the past; the span kept is the one whose bound (factor x
+        level) had the lowest quantile (pinball) loss, which charges both the
+        capacity held above the load and, more heavily, the load a bound missed.
         """
         fit_slot = now_slot - now_slot % self.refit_windows
         widest = self.level_windows[-1]

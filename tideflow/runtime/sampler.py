@@ -89,6 +89,7 @@ class ResumableDistributedSampler:
                 "the sample order; resume with the same gang shape"
             )
         self.epoch = int(state["epoch"])
-        consumed = int(state["batches_done"]) * int(state["world_size"])  # per-rank batches
+        # batches of batch_size the whole gang consumed: the epoch's order up to there
+        consumed = int(state["batches_done"]) * int(state["world_size"])
         self.batches_done = consumed // self.world_size
         self.seed = int(state["seed"])
