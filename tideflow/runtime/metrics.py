@@ -60,16 +60,11 @@ def _own_step_run() -> str | None:
     pipeline, team, run_id, step = (os.environ.get(name) for name in RUN_IDENTITY_ENV)
     if not (pipeline and team and run_id and step):
         return None
-    from tideflow.tracking import ensure_runs
+    from tideflow.tracking import ensure_workflow_runs
 
     try:
-        ids = ensure_runs(
-            pipeline=pipeline,
-            team=team,
-            dag_id=pipeline,
-            dag_run_id=run_id,
-            step=step,
-            kind="gang_training",
+        ids = ensure_workflow_runs(
+            pipeline=pipeline, team=team, run_id=run_id, step=step, kind="gang_training"
         )
     except Exception as exc:  # training goes on untracked rather than not at all
         log.warning("tideflow: MLflow unreachable (%s); training runs untracked", exc)

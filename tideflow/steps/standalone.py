@@ -140,7 +140,7 @@ class Step:
 
     def track(self, *, required: bool = False) -> str | None:
         """The step's MLflow run (found again by tags on a retry), or None when untracked."""
-        from tideflow.tracking import ensure_runs, tracking_enabled
+        from tideflow.tracking import ensure_workflow_runs, tracking_enabled
 
         if not tracking_enabled():
             if required:
@@ -151,11 +151,10 @@ class Step:
             return None
         a = self.args
         try:
-            ids = ensure_runs(
+            ids = ensure_workflow_runs(
                 pipeline=a.pipeline,
                 team=a.team,
-                dag_id=a.pipeline,
-                dag_run_id=a.run_id,
+                run_id=a.run_id,
                 step=a.step,
                 kind=a.kind,
                 params=self.params,

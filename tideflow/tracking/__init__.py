@@ -4,6 +4,7 @@ from tideflow.tracking.links import mlflow_ui_base, model_version_url, run_url
 from tideflow.tracking.runs import (
     RunIds,
     ensure_runs,
+    ensure_workflow_runs,
     finish_pipeline_run,
     finish_step_run,
     finish_step_run_or_warn,
@@ -13,6 +14,7 @@ from tideflow.tracking.runs import (
 __all__ = [
     "RunIds",
     "ensure_runs",
+    "ensure_workflow_runs",
     "finish_pipeline_run",
     "finish_step_run",
     "finish_step_run_or_warn",

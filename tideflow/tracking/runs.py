@@ -163,6 +163,28 @@ def ensure_runs(
     return RunIds(experiment_id, parent, child)
 
 
+def ensure_workflow_runs(
+    *,
+    pipeline: str,
+    team: str,
+    run_id: str,
+    step: str,
+    kind: str,
+    params: dict[str, Any] | None = None,
+) -> RunIds:
+    """``ensure_runs`` for a step that no Airflow DAG runs (an Argo workflow's): the
+    pipeline stands for the DAG id and the workflow run's name for the DAG run id."""
+    return ensure_runs(
+        pipeline=pipeline,
+        team=team,
+        dag_id=pipeline,
+        dag_run_id=run_id,
+        step=step,
+        kind=kind,
+        params=params,
+    )
+
+
 def finish_step_run(
     run_id: str,
     *,
