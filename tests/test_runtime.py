@@ -85,10 +85,12 @@ def test_an_elastic_sampler_resumes_on_another_world_size_skipping_nothing(
         for i in consume(sampler, sampler.batches_per_epoch - sampler.batches_done)
     ]
     # The epoch is covered (no sample skipped); fewer than one global batch is seen twice.
+    order = firsts[0]._order().tolist()  # the epoch's order, the same for any world size
     usable = resumed[0].batches_per_epoch * batch * after
-    assert set(seen) | set(rest) == set(firsts[0]._order()[:usable].tolist()) | set(seen)
-    assert set(rest) >= set(firsts[0]._order()[len(seen) : usable].tolist())
-    assert len(seen) + len(rest) - len(set(seen) | set(rest)) < batch * after
+    assert set(seen) == set(order[: len(seen)])  # the old gang consumed a prefix of it
+    assert set(rest) <= set(order[:usable])  # nothing from outside the new shape's epoch
+    assert set(rest) >= set(order[len(seen) : usable])  # nothing skipped
+    assert len(seen) + len(rest) - len(set(seen) | set(rest)) < batch * after  # few repeats
 
 
 def test_rng_state_round_trips_through_weights_only_load(tmp_path: object) -> None:
