@@ -26,6 +26,7 @@ import yaml
 
 from tests.argo_run import dag_tasks, defaults, substitute, templates, variables
 from tests.crd_schema import SCHEMAS, crd_schema, validate
+from tests.test_cli import tideflow
 from tideflow.argo import compile_pipeline, render
 from tideflow.compile.dag_plan import compile_dag_plan
 from tideflow.compile.templates import OutputRef, ParamRef, TemplateError, references, rewrite
@@ -539,17 +540,6 @@ def test_a_gang_needs_a_command_entry_point(repo: Path) -> None:
 
 
 # -- the command line -------------------------------------------------------------------------
-
-
-def tideflow(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tideflow.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-        check=False,
-    )
 
 
 def test_cli_writes_the_workflow_template(repo: Path, tmp_path: Path) -> None:
