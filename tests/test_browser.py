@@ -86,12 +86,25 @@ def browser() -> Iterator[Any]:
 
 
 def _wait(driver: Any, condition: Any, timeout_s: float = 30) -> Any:
-    """Wait for ``condition`` to be truthy; React re-renders make found elements go stale."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    """Wait for ``condition`` to be truthy; React re-renders make found elements go stale,
+    and a lookup made while the app redirects (to its login page, say) is aborted."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        WebDriverException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def settled(d: Any) -> Any:
+        try:
+            return condition(d)
+        except WebDriverException as exc:
+            if "aborted by navigation" in str(exc):
+                return False  # the page was replaced under the lookup: look again
+            raise
+
     ignored = (NoSuchElementException, StaleElementReferenceException)
-    return WebDriverWait(driver, timeout_s, ignored_exceptions=ignored).until(condition)
+    return WebDriverWait(driver, timeout_s, ignored_exceptions=ignored).until(settled)
 
 
 def _click(driver: Any, find: Any, timeout_s: float = 30) -> None:
