@@ -35,7 +35,11 @@ def ensure_registered_model(mlflow: Any, name: str) -> None:
 
 
 def version_for_run(mlflow: Any, name: str, run_id: str) -> Any | None:
-    found = mlflow.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    from tideflow.tracking.runs import filter_literal
+
+    found = mlflow.search_model_versions(
+        f"name = {filter_literal(name)} and run_id = {filter_literal(run_id)}"
+    )
     return min(found, key=lambda v: int(v.version)) if found else None
 
 

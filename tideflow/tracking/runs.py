@@ -31,6 +31,26 @@ class RunIds:
     step_run_id: str
 
 
+def filter_literal(value: str) -> str:
+    """``value`` as a string literal of an MLflow search filter.
+
+    MLflow strips the quotes around a value and unescapes nothing, so the
+    value goes inside the quote it does not contain. A value holding both
+    quotes, or ending in a backslash (the tokenizer reads it as escaping the
+    closing quote), cannot be written in a filter: ValueError.
+    """
+    if value.endswith("\\"):
+        raise ValueError(f"{value!r} ends in a backslash: no MLflow search filter can hold it")
+    for quote in ("'", '"'):
+        if quote not in value:
+            return f"{quote}{value}{quote}"
+    raise ValueError(f"{value!r} holds both quotes: no MLflow search filter can hold it")
+
+
+def _tags_filter(tags: dict[str, str]) -> str:
+    return " and ".join(f"tags.`{k}` = {filter_literal(v)}" for k, v in tags.items())
+
+
 def tracking_enabled() -> bool:
     return bool(os.environ.get("MLFLOW_TRACKING_URI"))
 
@@ -69,7 +89,7 @@ def _local_artifacts(pipeline: str) -> str | None:
 
 
 def _find(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
-    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    query = _tags_filter(tags)
     runs = client.search_runs(
         [experiment_id], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"]
     )
@@ -78,7 +98,7 @@ def _find(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
 
 def _oldest(client: Any, experiment_id: str, tags: dict[str, str]) -> str | None:
     """Of the active runs with ``tags``, the one every writer agrees on: oldest, then lowest id."""
-    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    query = _tags_filter(tags)
     runs = client.search_runs([experiment_id], filter_string=query, max_results=50)
     if not runs:
         return None
@@ -241,11 +261,11 @@ def finish_pipeline_run(*, pipeline: str, dag_id: str, dag_run_id: str, succeede
 def _merge_parents(
     client: Any, experiment_id: str, tags: dict[str, str], keep: str, dag_run_id: str
 ) -> None:
-    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    query = _tags_filter(tags)
     for run in client.search_runs([experiment_id], filter_string=query, max_results=50):
         if run.info.run_id != keep:
             client.delete_run(run.info.run_id)
-    steps = f"tags.`{TAG_KIND}` = 'step' and tags.`{TAG_RUN_ID}` = '{dag_run_id}'"
+    steps = _tags_filter({TAG_KIND: "step", TAG_RUN_ID: dag_run_id})
     for run in client.search_runs([experiment_id], filter_string=steps, max_results=1000):
         if run.data.tags.get("mlflow.parentRunId") != keep:
             client.set_tag(run.info.run_id, "mlflow.parentRunId", keep)
