@@ -12,7 +12,7 @@ from tideflow.spec.checks import cross_step_issues
 from tideflow.spec.errors import SpecError, SpecIssue
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.report import issues_from_validation
-from tideflow.spec.yamlpos import load_yaml
+from tideflow.spec.yamlpos import LIMITS, load_yaml, too_large
 
 if TYPE_CHECKING:  # the inventory module builds on the spec package, not the reverse
     from tideflow.inventory import Inventory
@@ -32,7 +32,13 @@ def display_path(path: Path) -> str:
 def _read(path: Path) -> tuple[str | None, list[SpecIssue]]:
     shown = display_path(path)
     try:
-        return path.read_text(encoding="utf-8"), []
+        with open(path, "rb") as handle:  # read one byte past the limit, never the whole file
+            data = handle.read(LIMITS.max_bytes + 1)
+            oversize = too_large(len(data), shown)
+            if oversize is not None:
+                size = os.fstat(handle.fileno()).st_size
+                return None, [too_large(size, shown) or oversize]
+        return data.decode("utf-8"), []
     except FileNotFoundError:
         return None, [SpecIssue(shown, 1, 1, "", "file not found", "an existing YAML file")]
     except (OSError, UnicodeDecodeError) as exc:
