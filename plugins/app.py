@@ -2,8 +2,23 @@
 
 Airflow does not put plugin apps behind its login, so every route here asks
 Airflow's auth manager who the caller is (the UI's session cookie or a bearer
-token) and shows only the DAGs that user may read. A browser without a session
-is sent to Airflow's login page and back.
+token; none, or an invalid or expired one, is answered 401/403, and a browser
+without a session is sent to Airflow's login page and back). Then it asks the
+auth manager what that user may read and filters every panel by it:
+
+* pipelines and their runs: the tideflow DAGs among ``get_authorized_dag_ids``;
+* champions: those whose version's ``tideflow.dag_id`` tag names such a DAG
+  (no tag: shown to nobody);
+* leases now: a gang's lease when the DAG in its gang id
+  (``dag_id/run_id/task_id``) is such a DAG; the broker's reservations when the
+  user may see the broker; a lease tied to no DAG: shown to nobody;
+* device-hours: a team's when the user may read one of its tideflow DAGs
+  (``team:<team>`` tag); the broker's team ``inference`` when the user may see
+  the broker;
+* GPU broker: when ``is_authorized_custom_view(method="GET",
+  resource_name="tideflow-broker")`` is True.
+
+``tideflow.ui.access`` holds these rules (and their table).
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from tideflow.ui import (
+    BROKER_VIEW,
     DagRunRow,
     Overview,
     PipelineRow,
@@ -29,6 +45,7 @@ from tideflow.ui import (
     pipeline_mlflow_runs,
     render_page,
 )
+from tideflow.ui.access import Viewer
 
 URL_PREFIX = "/tideflow"
 RUNS_PER_PIPELINE = 5
@@ -49,13 +66,12 @@ def _when(value: dt.datetime | None) -> str | None:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if value else None
 
 
-def _airflow_pipelines(user: Any) -> list[tuple[Any, list[Any]]]:
-    """The tideflow DAGs this user may read, each with its most recent runs."""
+def _airflow_pipelines(allowed: set[str]) -> list[tuple[Any, list[Any]]]:
+    """The tideflow DAGs among ``allowed``, each with its most recent runs."""
     from airflow.models import DagModel, DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
     found = []
     with create_session() as session:
         dags = session.scalars(
@@ -96,13 +112,23 @@ def build_overview(user: Any) -> Overview:
     from tideflow.tracking import mlflow_ui_base, tracking_enabled
 
     problems = []
-    airflow_part = _airflow_pipelines(user)
+    auth = get_auth_manager()
+    allowed = set(auth.get_authorized_dag_ids(user=user, method="GET"))
+    airflow_part = _airflow_pipelines(allowed)
+    viewer = Viewer(
+        dag_ids=frozenset(allowed),
+        teams=frozenset(team for (_, team, _), _ in airflow_part if team),
+        broker=bool(
+            auth.is_authorized_custom_view(method="GET", resource_name=BROKER_VIEW, user=user)
+        ),
+    )
     mlflow_runs: dict[tuple[str, str], tuple[str, str]] = {}
     model_rows = []
     if tracking_enabled():
         try:
             mlflow_runs = pipeline_mlflow_runs({dag[0] for dag, _ in airflow_part})
-            model_rows = champions()
+            model_rows, champion_problems = champions(viewer=viewer)
+            problems.extend(champion_problems)
         except Exception as exc:  # the page still shows what Airflow knows
             problems.append(f"MLflow could not be read: {exc}")
     pipelines = []
@@ -128,6 +154,7 @@ def build_overview(user: Any) -> Overview:
             settings.ledger_path,
             time.time() - USAGE_WINDOW_DAYS * 86400,
             settings.cluster,
+            viewer=viewer,
         )
     except Exception as exc:
         problems.append(f"the lease ledger could not be read: {exc}")
@@ -135,15 +162,20 @@ def build_overview(user: Any) -> Overview:
     now = time.time()
     journal = settings.broker_journal_path
     try:
-        broker = broker_timeline(journal, now - 86400)
-        leases = current_leases(settings.ledger_path, settings.cluster, now)
+        broker = broker_timeline(journal, now - 86400) if viewer.broker else []
     except Exception as exc:
         problems.append(f"the broker's state could not be read: {exc}")
-        broker, leases = [], []
+        broker = []
+    try:
+        leases = current_leases(settings.ledger_path, settings.cluster, now, viewer=viewer)
+    except Exception as exc:
+        problems.append(f"the leases could not be read: {exc}")
+        leases = []
     return Overview(
         generated_at=_when(dt.datetime.now(dt.UTC)) or "",
         broker=tuple(broker),
-        broker_window=_window(broker, now) if journal.exists() else None,
+        broker_window=_window(broker, now) if viewer.broker and journal.exists() else None,
+        broker_shown=viewer.broker,
         leases=tuple(leases),
         pipelines=tuple(pipelines),
         champions=tuple(model_rows),

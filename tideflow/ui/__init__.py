@@ -1,9 +1,11 @@
 """The tideflow page: what it shows (model), where the numbers come from, and its HTML.
 
 Nothing here imports Airflow: the plugin gathers Airflow's part (DAGs and runs
-the user may read) and hands it over as plain data.
+the user may read, and what Airflow's auth manager allows it) and hands it
+over as plain data; ``tideflow.ui.access`` says who sees what.
 """
 
+from tideflow.ui.access import BROKER_VIEW, Viewer
 from tideflow.ui.model import ChampionRow, DagRunRow, LeaseRow, Overview, PipelineRow, UsageRow
 from tideflow.ui.page import render_page
 from tideflow.ui.sources import (
@@ -16,6 +18,7 @@ from tideflow.ui.sources import (
 from tideflow.ui.timeline import BrokerPoint, render_timeline
 
 __all__ = [
+    "BROKER_VIEW",
     "BrokerPoint",
     "ChampionRow",
     "DagRunRow",
@@ -23,6 +26,7 @@ __all__ = [
     "Overview",
     "PipelineRow",
     "UsageRow",
+    "Viewer",
     "broker_timeline",
     "champions",
     "current_leases",

@@ -70,6 +70,7 @@ class Overview:
     broker: tuple[BrokerPoint, ...] = field(default=())
     broker_window: tuple[float, float] | None = None
     leases: tuple[LeaseRow, ...] = field(default=())
+    broker_shown: bool = True  # False: the caller may not see the broker (tideflow.ui.access)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -121,6 +121,11 @@ def _usage(rows: tuple[UsageRow, ...], days: int) -> str:
 
 
 def _broker(overview: Overview) -> str:
+    if not overview.broker_shown:
+        return (
+            '<p class="muted">The GPU broker is not shown to you: it needs Airflow\'s '
+            "permission to read the <code>tideflow-broker</code> view.</p>"
+        )
     if overview.broker_window is None:
         return '<p class="muted">No broker is configured (TIDEFLOW_BROKER_LOAD).</p>'
     start, end = overview.broker_window

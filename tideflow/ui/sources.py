@@ -1,20 +1,27 @@
 """Where the page's numbers come from: MLflow (runs, champions) and the lease ledger.
 
 Each source fails on its own: MLflow being down blanks the MLflow columns and
-adds a line to the page's problems instead of failing the page.
+adds a line to the page's problems instead of failing the page; one champion
+that cannot be read is left out with a problem line, the others still show.
+Every source that returns rows of DAGs or teams takes the ``Viewer`` and
+returns only what it may see (``tideflow.ui.access`` says who sees what).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from tideflow.promotion.registry import METRIC_TAG, PREVIOUS_ALIAS
 from tideflow.tracking.links import model_version_url, run_url
-from tideflow.tracking.runs import TAG_DAG_ID, TAG_KIND, TAG_RUN_ID
+from tideflow.tracking.runs import TAG_DAG_ID, TAG_KIND, TAG_RUN_ID, filter_literal
+from tideflow.ui.access import Viewer, may_see_dag, may_see_lease, may_see_team
 from tideflow.ui.model import ChampionRow, LeaseRow, UsageRow
 from tideflow.ui.timeline import BrokerPoint
+
+log = logging.getLogger(__name__)
 
 RunKey = tuple[str, str]  # (dag_id, dag_run_id)
 
@@ -38,7 +45,7 @@ def pipeline_mlflow_runs(dag_ids: set[str], limit: int = 200) -> dict[RunKey, tu
     found: dict[RunKey, tuple[str, str]] = {}
     runs = client.search_runs(
         experiments,
-        filter_string=f"tags.`{TAG_KIND}` = 'pipeline-run'",
+        filter_string=f"tags.`{TAG_KIND}` = {filter_literal('pipeline-run')}",
         max_results=limit,
         order_by=["attributes.start_time DESC"],
     )
@@ -51,45 +58,78 @@ def pipeline_mlflow_runs(dag_ids: set[str], limit: int = 200) -> dict[RunKey, tu
     return found
 
 
-def champions(alias: str = "champion") -> list[ChampionRow]:
-    """Every registered model with a version behind ``alias``, and that version's lineage."""
+def champions(*, viewer: Viewer, alias: str = "champion") -> tuple[list[ChampionRow], list[str]]:
+    """The champions ``viewer`` may see (their version's lineage DAG is readable), and problems.
+
+    Every registered model with a version behind ``alias`` is read on its own:
+    one that fails is left out with a problem line. The line names the model
+    only when the viewer may read the DAG it came from; a model whose version
+    could not even be read (its DAG unknown) is only counted.
+    """
     client = _client()
-    rows = []
+    rows, problems, unnamed = [], [], 0
     for model in client.search_registered_models(max_results=1000):
         aliases = dict(getattr(model, "aliases", None) or {})
         if alias not in aliases:
             continue
-        version = client.get_model_version(model.name, aliases[alias])
-        tags = dict(version.tags or {})
-        metrics = {
-            key.removeprefix(METRIC_TAG): value
-            for key, value in sorted(tags.items())
-            if key.startswith(METRIC_TAG)
-        }
-        rows.append(
-            ChampionRow(
-                model=model.name,
-                version=str(version.version),
-                url=model_version_url(model.name, version.version),
-                dag_id=tags.get("tideflow.dag_id"),
-                dag_run_id=tags.get("tideflow.dag_run_id"),
-                checkpoint=tags.get("tideflow.checkpoint"),
-                metrics=metrics,
-                previous_version=aliases.get(PREVIOUS_ALIAS),
-                versions=len(client.search_model_versions(f"name = '{model.name}'")),
-            )
+        try:
+            version = client.get_model_version(model.name, aliases[alias])
+            tags = dict(version.tags or {})
+        except Exception:
+            log.warning("the %s of model %r could not be read", alias, model.name, exc_info=True)
+            unnamed += 1
+            continue
+        if not may_see_dag(viewer, tags.get(TAG_DAG_ID)):
+            continue
+        try:
+            rows.append(_champion(client, model.name, version, tags, aliases))
+        except Exception as exc:
+            log.warning("the %s of model %r could not be read", alias, model.name, exc_info=True)
+            problems.append(f"the {alias} of model {model.name} could not be read: {exc}")
+    if unnamed:
+        problems.append(
+            f"the {alias} of {unnamed} registered model(s) could not be read "
+            "(the API server's log names them)"
         )
-    return sorted(rows, key=lambda row: row.model)
+    return sorted(rows, key=lambda row: row.model), problems
 
 
-def device_usage(ledger_path: Path, since: float, cluster_file: str | None) -> list[UsageRow]:
-    """Device-hours per team and device class since ``since`` (epoch seconds)."""
+def _champion(
+    client: Any, name: str, version: Any, tags: dict[str, str], aliases: dict[str, str]
+) -> ChampionRow:
+    metrics = {
+        key.removeprefix(METRIC_TAG): value
+        for key, value in sorted(tags.items())
+        if key.startswith(METRIC_TAG)
+    }
+    return ChampionRow(
+        model=name,
+        version=str(version.version),
+        url=model_version_url(name, version.version),
+        dag_id=tags.get(TAG_DAG_ID),
+        dag_run_id=tags.get(TAG_RUN_ID),
+        checkpoint=tags.get("tideflow.checkpoint"),
+        metrics=metrics,
+        previous_version=aliases.get(PREVIOUS_ALIAS),
+        versions=len(client.search_model_versions(f"name = {filter_literal(name)}")),
+    )
+
+
+def device_usage(
+    ledger_path: Path, since: float, cluster_file: str | None, *, viewer: Viewer
+) -> list[UsageRow]:
+    """Device-hours per team and device class since ``since`` (epoch seconds), of the
+    teams ``viewer`` may see."""
     if not ledger_path.exists():
         return []
     from tideflow.gangs import open_ledger
 
     ledger = open_ledger(ledger_path, cluster_file)
-    return [UsageRow(u.team, u.device_class, u.hours) for u in ledger.device_hours(since)]
+    return [
+        UsageRow(u.team, u.device_class, u.hours)
+        for u in ledger.device_hours(since)
+        if may_see_team(viewer, u.team)
+    ]
 
 
 def broker_timeline(journal_path: Path, since: float) -> list[BrokerPoint]:
@@ -113,7 +153,10 @@ def broker_timeline(journal_path: Path, since: float) -> list[BrokerPoint]:
     ]
 
 
-def current_leases(ledger_path: Path, cluster_file: str | None, now: float) -> list[LeaseRow]:
+def current_leases(
+    ledger_path: Path, cluster_file: str | None, now: float, *, viewer: Viewer
+) -> list[LeaseRow]:
+    """The leases held now that ``viewer`` may see."""
     if not ledger_path.exists():
         return []
     from tideflow.broker.local import INFERENCE_PREFIX
@@ -121,6 +164,8 @@ def current_leases(ledger_path: Path, cluster_file: str | None, now: float) -> l
 
     rows = []
     for lease in open_ledger(ledger_path, cluster_file).leases():
+        if not may_see_lease(viewer, lease.gang_id):
+            continue
         purpose = (
             "inference"
             if lease.gang_id.startswith(INFERENCE_PREFIX)
