@@ -30,7 +30,16 @@ class FakeCluster:
         self.nodes = {
             f"gpu-{i}": {
                 "metadata": {"name": f"gpu-{i}", "labels": {"nvidia.com/gpu.present": "true"}},
-                "spec": {"taints": [{"key": "other", "value": "x", "effect": "NoExecute"}]},
+                "spec": {
+                    "taints": [
+                        {"key": "other", "value": "x", "effect": "NoExecute"},
+                        {
+                            "key": "node.kubernetes.io/unreachable",
+                            "effect": "NoExecute",
+                            "timeAdded": "2026-11-23T05:00:00Z",
+                        },
+                    ]
+                },
                 "status": {"allocatable": {"nvidia.com/gpu": "8"}},
             }
             for i in range(4)
@@ -194,6 +203,26 @@ def test_growing_evicts_through_the_eviction_api_then_moves_whole_nodes(
     last_eviction = max(i for i, r in enumerate(order) if r[0] == "POST")
     first_node_patch = min(i for i, r in enumerate(order) if r[1].startswith("/api/v1/nodes/"))
     assert last_eviction < first_node_patch
+
+
+def test_moving_a_node_changes_its_pool_label_and_taint_and_nothing_else(
+    cluster: tuple[FakeCluster, Any],
+) -> None:
+    """deploy/kubernetes/broker-rbac.yaml's ValidatingAdmissionPolicy refuses any other
+    change; a taint's timeAdded (the start of a NoExecute taint's toleration time) is
+    part of the taint, so it is sent back as read."""
+    fake, api = cluster
+    before = copy.deepcopy(fake.nodes["gpu-1"])
+    actuator = KubernetesActuator(api, ClusterTarget(namespace="ml"), grace_s=30, retry_s=0.01)
+    actuator.apply(grow_to(16))
+    after = fake.nodes["gpu-1"]
+    assert after["metadata"]["labels"].pop("tideflow.io/pool") == "inference"
+    pool_taints = [t for t in after["spec"]["taints"] if t["key"] == "tideflow.io/pool"]
+    assert pool_taints == [
+        {"key": "tideflow.io/pool", "value": "inference", "effect": "NoSchedule"}
+    ]
+    after["spec"]["taints"].remove(pool_taints[0])
+    assert after == before
 
 
 def test_lending_returns_nodes_and_moves_kueue_quota_and_hpa_bounds(

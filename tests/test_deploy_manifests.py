@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from tests.crd_schema import SCHEMAS, crd_schema, validate
+from tests.vap_cel import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "kubernetes"
@@ -191,6 +193,269 @@ def test_airflow_roles_grant_exactly_what_the_gang_operator_and_trigger_call() -
     assert subjects["tideflow-gang-watcher"] == {chart["triggerer"]["serviceAccount"]["name"]}
 
 
+# -- What the broker may change on a node ------------------------------------------------
+
+BROKER = "system:serviceaccount:tideflow:tideflow-broker"
+
+
+def node_policy() -> dict[str, Any]:
+    (policy,) = by_kind("ValidatingAdmissionPolicy")
+    return policy
+
+
+def gpu_node() -> dict[str, Any]:
+    """A GPU node of the training pool, as the API server returns it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "gpu-1",
+            "labels": {
+                "kubernetes.io/hostname": "gpu-1",
+                "nvidia.com/gpu.present": "true",
+                "tideflow.io/pool": "training",
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {
+            "podCIDR": "10.244.1.0/24",
+            "podCIDRs": ["10.244.1.0/24"],
+            "providerID": "aws:///eu-west-1a/i-0123",
+            "taints": [
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                {"key": "tideflow.io/pool", "value": "training", "effect": "NoSchedule"},
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "effect": "NoExecute",
+                    "timeAdded": "2026-11-23T06:00:00Z",
+                },
+            ],
+        },
+    }
+
+
+def changed(change: Any) -> dict[str, Any]:
+    node = gpu_node()
+    change(node)
+    return node
+
+
+def moved_to(pool: str) -> Any:
+    def change(node: dict[str, Any]) -> None:
+        node["metadata"]["labels"]["tideflow.io/pool"] = pool
+        taints = [t for t in node["spec"]["taints"] if t["key"] != "tideflow.io/pool"]
+        node["spec"]["taints"] = [
+            *taints,
+            {"key": "tideflow.io/pool", "value": pool, "effect": "NoSchedule"},
+        ]
+
+    return change
+
+
+def test_a_validating_admission_policy_limits_the_brokers_node_patches() -> None:
+    """RBAC grants verbs on resources, never fields: the broker's ClusterRole may patch
+    any field of any node, so a ValidatingAdmissionPolicy (GA in Kubernetes 1.30,
+    admissionregistration.k8s.io/v1) refuses every change but the pool label and taint.
+    """
+    policy = node_policy()
+    (binding,) = by_kind("ValidatingAdmissionPolicyBinding")
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert "matchResources" not in binding["spec"]  # every node
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule == {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["UPDATE"],
+        "resources": ["nodes"],
+    }
+    # A patch is an UPDATE; the role grants no verb that creates or deletes a node,
+    # and not the nodes/status subresource (which a "nodes" rule does not match).
+    node_verbs = {
+        verb
+        for rule in rules("ClusterRole", "tideflow-broker")
+        for resource in rule["resources"]
+        if resource.startswith("nodes")
+        for verb in rule["verbs"]
+    }
+    assert node_verbs == {"get", "list", "watch", "patch"}
+    # A ServiceAccount's user name is system:serviceaccount:NAMESPACE:NAME (Kubernetes
+    # documentation, "Service Accounts").
+    account = named("ServiceAccount", "tideflow-broker")["metadata"]
+    assert f"system:serviceaccount:{account['namespace']}:{account['name']}" == BROKER
+    node = gpu_node()
+    assert evaluate(policy, old=node, new=node, username=BROKER) == []
+    other = "system:serviceaccount:kube-system:node-controller"
+    assert evaluate(policy, old=node, new=changed(moved_to("cpu")), username=other) is None
+
+
+@pytest.mark.parametrize("pool", ["inference", "training"])
+def test_the_node_policy_admits_moving_a_node_between_the_brokers_pools(pool: str) -> None:
+    policy = node_policy()
+    start = changed(moved_to("inference" if pool == "training" else "training"))
+    assert evaluate(policy, old=start, new=changed(moved_to(pool)), username=BROKER) == []
+
+    # A node the broker has never moved: no pool label or taint yet.
+    def unlabelled(node: dict[str, Any]) -> None:
+        node["metadata"]["labels"].pop("tideflow.io/pool")
+        node["spec"]["taints"] = node["spec"]["taints"][:1] + node["spec"]["taints"][2:]
+
+    assert (
+        evaluate(policy, old=changed(unlabelled), new=changed(moved_to(pool)), username=BROKER)
+        == []
+    )
+
+
+def _set(*path: str, to: Any) -> Any:
+    """A change that sets the field at ``path`` (keys: label keys hold dots) to ``to``,
+    or removes it (None)."""
+
+    def change(node: dict[str, Any]) -> None:
+        *parents, last = path
+        target = node
+        for part in parents:
+            target = target.setdefault(part, {})
+        if to is None:
+            target.pop(last, None)
+        else:
+            target[last] = to
+
+    return change
+
+
+REFUSED = {
+    "another label changed": _set("metadata", "labels", "kubernetes.io/hostname", to="evil"),
+    "another label added": _set("metadata", "labels", "node-role.kubernetes.io/x", to="x"),
+    "another label removed": _set("metadata", "labels", "nvidia.com/gpu.present", to=None),
+    "an annotation added": _set("metadata", "annotations", "x", to="y"),
+    "annotations removed": _set("metadata", "annotations", to=None),
+    "a finalizer added": _set("metadata", "finalizers", to=["x"]),
+    "an owner added": _set(
+        "metadata",
+        "ownerReferences",
+        to=[{"apiVersion": "v1", "kind": "Node", "name": "x", "uid": "u"}],
+    ),
+    "cordoned": _set("spec", "unschedulable", to=True),
+    "providerID changed": _set("spec", "providerID", to="aws:///x"),
+    "podCIDR changed": _set("spec", "podCIDR", to="10.0.0.0/8"),
+    "the pool label removed": _set("metadata", "labels", "tideflow.io/pool", to=None),
+    "a pool the broker does not manage": moved_to("cpu"),
+    "another taint removed": lambda n: n["spec"]["taints"].pop(0),
+    "another taint added": lambda n: n["spec"]["taints"].append(
+        {"key": "x", "value": "y", "effect": "NoSchedule"}
+    ),
+    "another taint's effect changed": lambda n: n["spec"]["taints"][0].update(
+        {"effect": "NoExecute"}
+    ),
+    "another taint's time dropped": lambda n: n["spec"]["taints"][2].pop("timeAdded"),
+    "the pool taint removed": lambda n: n["spec"]["taints"].pop(1),
+    "the pool taint evicts": lambda n: n["spec"]["taints"][1].update({"effect": "NoExecute"}),
+    "the pool taint names another pool": lambda n: n["spec"]["taints"][1].update(
+        {"value": "inference"}
+    ),
+    "two pool taints": lambda n: n["spec"]["taints"].append(
+        {"key": "tideflow.io/pool", "value": "training", "effect": "PreferNoSchedule"}
+    ),
+}
+
+
+# The validation that refuses each change, by a word of its message.
+REASONS = {
+    "another label": "no label",
+    "annotation": "no annotation",
+    "finalizer": "no annotation",
+    "owner": "no annotation",
+    "cordoned": "nothing in a node's spec",
+    "CIDR changed": "nothing in a node's spec",
+    "providerID changed": "nothing in a node's spec",
+    "another taint": "no taint",
+    "pool taint": "one NoSchedule taint",
+    "pool label removed": "inference and training pools only",
+    "does not manage": "inference and training pools only",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_the_node_policy_refuses_every_other_change_by_the_broker(case: str) -> None:
+    node = gpu_node()
+    refused = evaluate(node_policy(), old=node, new=changed(REFUSED[case]), username=BROKER)
+    (reason,) = [r for word, r in REASONS.items() if word in case]
+    assert refused and any(reason in message for message in refused), (case, refused)
+
+
+def test_the_node_policy_refuses_moving_a_node_of_another_pool() -> None:
+    cpu = changed(moved_to("cpu"))
+    assert evaluate(node_policy(), old=cpu, new=changed(moved_to("training")), username=BROKER)
+
+
+def test_the_node_policy_compares_every_field_of_a_node_spec() -> None:
+    """Each NodeSpec field of the Kubernetes API (but the taints) changed alone is refused,
+    so a field a later release adds fails this test until the policy compares it."""
+    import importlib.resources
+
+    schema = importlib.resources.files("kubernetes_validate").joinpath(
+        f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict/nodespec-v1.json"
+    )
+    fields = json.loads(schema.read_text())["properties"]
+    assert {"unschedulable", "providerID", "taints"} <= set(fields)
+    samples = {"string": "changed", "boolean": True, "array": ["changed"], "object": {"a": "b"}}
+    for field, definition in sorted(fields.items()):
+        if field == "taints":
+            continue
+        kind = definition.get("type", ["object"])
+        kind = kind[0] if isinstance(kind, list) else kind
+        new = changed(_set("spec", field, to=samples[kind]))
+        assert evaluate(node_policy(), old=gpu_node(), new=new, username=BROKER), field
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies application/merge-patch+json."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+class NodePatches:
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, dict[str, Any], str]] = []
+
+    def patch_node(self, name: str, body: dict[str, Any], **kwargs: Any) -> None:
+        self.patches.append((name, body, kwargs["_content_type"]))
+
+
+@pytest.mark.parametrize("pool", ["inference", "training"])
+def test_the_brokers_own_node_patch_is_admitted(pool: str) -> None:
+    from kubernetes.client import ApiClient, V1Node
+
+    from tideflow.broker.kubernetes import MERGE, ClusterTarget, KubernetesActuator
+
+    api = ApiClient()
+    start = changed(moved_to("training" if pool == "inference" else "inference"))
+
+    class Response:
+        data = json.dumps(start)
+
+    node = api.deserialize(Response(), V1Node)  # what the broker's client reads
+    actuator = KubernetesActuator(None, ClusterTarget())
+    fake = NodePatches()
+    actuator.core = fake
+    actuator._set_pool(node, pool)
+    ((name, body, content),) = fake.patches
+    assert (name, content) == ("gpu-1", MERGE)
+    sent = json.loads(json.dumps(api.sanitize_for_serialization(body)))
+    patched = merge_patch(start, sent)
+    assert evaluate(node_policy(), old=start, new=patched, username=BROKER) == []
+
+
 # -- Network ----------------------------------------------------------------------------
 
 
@@ -284,6 +549,8 @@ def test_every_object_is_either_core_or_a_known_crd() -> None:
 
 CLUSTER_SCOPED = {
     "Namespace",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
     "PriorityClass",
     "ClusterRole",
     "ClusterRoleBinding",

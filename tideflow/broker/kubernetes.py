@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 
 from tideflow.broker.checkpoints import work_at_risk_since
@@ -76,6 +77,19 @@ def _checkpoint_store(pods: list[Any]) -> str | None:
                 if variable.name == CHECKPOINT_URI_ENV and variable.value:
                     return str(variable.value)
     return None
+
+
+def _taint(taint: Any) -> dict[str, str]:
+    """A taint as the API server wrote it: its set fields, timeAdded in RFC 3339 UTC.
+
+    timeAdded (set on NoExecute taints) starts their toleration time: dropping it
+    would change the taint.
+    """
+    found = {"key": taint.key, "value": taint.value, "effect": taint.effect}
+    added = getattr(taint, "time_added", None)
+    if added is not None:
+        found["timeAdded"] = added.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {name: value for name, value in found.items() if value}
 
 
 @dataclass(frozen=True)
@@ -181,7 +195,9 @@ class KubernetesActuator:
         body = {
             "metadata": {"labels": {POOL_LABEL: pool}},
             "spec": {
-                "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]
+                # A merge patch replaces the list whole: the other taints go back as read,
+                # or deploy/kubernetes/broker-rbac.yaml's admission policy refuses the patch.
+                "taints": [_taint(t) for t in taints]
                 # Pods that are no pool's stay off; a pool's pods tolerate the key and
                 # choose their pool by the label (tideflow.kube.pods).
                 + [{"key": TAINT_KEY, "value": pool, "effect": "NoSchedule"}]
