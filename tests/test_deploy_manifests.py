@@ -119,6 +119,124 @@ def test_gang_pods_meet_the_restricted_pod_security_standard() -> None:
         assert restricted_problems(pod) == [], device_class
 
 
+def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
+    # Pod Security admission reads these labels; "enforce" refuses a pod that falls
+    # short, "warn" and "audit" only report it (Kubernetes documentation, "Enforce
+    # Pod Security Standards with Namespace Labels").
+    labels = named("Namespace", "tideflow")["metadata"]["labels"]
+    for mode in ("enforce", "warn", "audit"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted", mode
+
+
+def emitted_pods() -> dict[str, dict[str, Any]]:
+    """Every pod template tideflow emits, by where it comes from: metadata and spec.
+
+    Gang pods as a Volcano Job and as a JobSet (and the Volcano Job an Argo workflow
+    creates), the Argo WorkflowTemplate's container steps (the parts tideflow sets:
+    Argo adds its own executor containers) and the Airflow task pods' overrides.
+    """
+    from tideflow.argo import compile_pipeline
+    from tideflow.compile.dag_plan import compile_dag_plan
+    from tideflow.kube import KubeSettings
+    from tideflow.kube.jobset import gang_jobset
+    from tideflow.kube.pods import task_pod
+    from tideflow.kube.volcano import gang_volcano_job
+    from tideflow.spec import load_pipeline
+
+    settings = KubeSettings()
+    found: dict[str, dict[str, Any]] = {}
+    for device_class in ("cpu", "gpu", "npu"):
+        shape = gang("vision", device_class)
+        job = gang_volcano_job(shape, "p/r/train", settings)
+        found[f"volcano-{device_class}"] = job["spec"]["tasks"][0]["template"]
+        jobset = gang_jobset(shape, "p/r/train", KubeSettings(gang_scheduler="kueue"))
+        template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        found[f"jobset-{device_class}"] = template
+    digits = REPO / "pipelines" / "digits.yaml"
+    workflow = yaml.safe_load(compile_pipeline(digits, settings=settings)[1])
+    for template in workflow["spec"]["templates"]:
+        if "container" in template:
+            spec = {"containers": [{"name": "main", **template["container"]}]}
+            if "securityContext" in template:
+                spec["securityContext"] = template["securityContext"]
+            found[f"argo-{template['name']}"] = {"metadata": template["metadata"], "spec": spec}
+        if "resource" in template:
+            manifest = re.sub(r"\{\{[^}]*\}\}", "1", template["resource"]["manifest"])
+            job = yaml.safe_load(manifest)
+            found[f"argo-{template['name']}-gang"] = job["spec"]["tasks"][0]["template"]
+    for task in compile_dag_plan(load_pipeline(digits)).tasks:
+        found[f"airflow-{task.task_id}"] = task_pod(task, settings, None)
+    return found
+
+
+def test_every_pod_tideflow_emits_meets_the_restricted_pod_security_standard() -> None:
+    pods = emitted_pods()
+    assert {"volcano-gpu", "jobset-gpu", "argo-evaluate", "argo-train-gang", "airflow-train"} <= (
+        set(pods)
+    )
+    for name, pod in pods.items():
+        assert restricted_problems(pod["spec"]) == [], name
+
+
+# Restricted allows only these volume types (Kubernetes documentation, "Pod Security
+# Standards", Restricted: "Volume Types").
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def test_every_volume_in_deploy_is_one_restricted_allows() -> None:
+    for obj in by_kind("Deployment"):
+        for volume in obj["spec"]["template"]["spec"].get("volumes", []):
+            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, volume
+
+
+def test_helm_values_make_every_airflow_container_restricted() -> None:
+    """The chart's helper containers (wait-for-migrations, log groomers, the migration
+    job) take the global ``securityContexts``; statsd takes only its own.
+
+    upstream: apache/airflow chart/templates/_helpers.yaml "airflowPodSecurityContext"
+    and "containerSecurityContext" fall back to ``securityContexts.pod`` and
+    ``securityContexts.containers``; "localPodSecurityContext" and
+    "externalContainerSecurityContext" (statsd) do not.
+    """
+    chart = values()
+    pod_level = chart["securityContexts"]["pod"]
+    container = chart["securityContexts"]["containers"]
+    pod = {
+        "securityContext": pod_level,
+        "containers": [{"name": "x", "securityContext": container}],
+    }
+    assert restricted_problems(pod) == []
+    assert pod_level["runAsNonRoot"] is True
+    for component in ("workers", "scheduler", "dagProcessor", "triggerer", "apiServer"):
+        contexts = chart[component].get("securityContexts", {})
+        one = {
+            "securityContext": contexts.get("pod", pod_level),
+            "containers": [
+                {"name": component, "securityContext": contexts.get("container", container)}
+            ],
+        }
+        assert restricted_problems(one) == [], component
+    statsd = chart["statsd"]
+    if statsd.get("enabled", True):  # on by default in the chart
+        contexts = statsd["securityContexts"]
+        one = {
+            "securityContext": contexts["pod"],
+            "containers": [{"name": "statsd", "securityContext": contexts["container"]}],
+        }
+        assert restricted_problems(one) == []
+        # The statsd-exporter image's user is a name, which runAsNonRoot cannot check.
+        assert contexts["pod"]["runAsUser"] > 0
+
+
 # -- RBAC -------------------------------------------------------------------------------
 
 
@@ -834,6 +952,9 @@ def test_the_secret_scan_can_fail() -> None:
 # these values use, checked against the chart's values.yaml and values.schema.json.
 CHART_KEYS = {
     "airflowVersion",
+    "securityContexts",
+    "statsd",
+    "statsd.securityContexts",
     "defaultAirflowRepository",
     "defaultAirflowTag",
     "images",
@@ -893,6 +1014,10 @@ CHART_KEYS = {
 # Free-form below these keys: Kubernetes objects or Airflow's own configuration.
 FREE_FORM = {
     "config",
+    "securityContexts.pod",
+    "securityContexts.containers",
+    "statsd.securityContexts.pod",
+    "statsd.securityContexts.container",
     "workers.resources",
     "dagProcessor.resources",
     "workers.serviceAccount.annotations",
