@@ -375,6 +375,44 @@ def test_every_pod_is_restricted_and_valid_kubernetes(digits: dict[str, Any]) ->
     assert restricted_problems(broken["spec"]) == ["allowPrivilegeEscalation"]
 
 
+def test_workflow_pods_mount_no_token_and_argos_executor_has_its_own(
+    digits: dict[str, Any],
+) -> None:
+    """Step containers never call the Kubernetes API; Argo's executor does (it reports
+    outputs as WorkflowTaskResults and creates the gang), with its own ServiceAccount,
+    whose token Argo mounts into its executor containers only.
+
+    upstream: argo docs/fields.md WorkflowSpec (automountServiceAccountToken: "
+    ServiceAccountName of ExecutorConfig must be specified if this value is false";
+    executor.serviceAccountName); argo workflow/validate/validate.go refuses the first
+    without the second.
+    """
+    from tideflow.kube.pods import MLFLOW_CLIENT_LABEL
+
+    settings = KubeSettings()
+    spec = digits["spec"]
+    assert spec["serviceAccountName"] == settings.argo_service_account
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["executor"] == {"serviceAccountName": settings.argo_executor_service_account}
+    for name, template in templates(digits).items():
+        assert "automountServiceAccountToken" not in template, name
+        assert "serviceAccountName" not in template, name
+    # The gang's workers run as the gang's ServiceAccount, without a token either.
+    worker = volcano_job(digits)["spec"]["tasks"][0]["template"]
+    assert worker["spec"]["serviceAccountName"] == settings.gang_service_account
+    assert worker["spec"]["automountServiceAccountToken"] is False
+    # Steps and gang workers report to MLflow; the resource step only to the API server.
+    for name, template in container_templates(digits).items():
+        assert template["metadata"]["labels"][MLFLOW_CLIENT_LABEL] == "true", name
+    assert worker["metadata"]["labels"][MLFLOW_CLIENT_LABEL] == "true"
+    assert MLFLOW_CLIENT_LABEL not in templates(digits)["train"]["metadata"]["labels"]
+    names = KubeSettings(argo_service_account="a", argo_executor_service_account="b")
+    other = compile_workflow(
+        load_pipeline(Path(__file__).parents[1] / "pipelines" / "digits.yaml"), settings=names
+    )
+    assert (other.service_account, other.executor_service_account) == ("a", "b")
+
+
 def test_pods_select_their_pool_and_tolerate_its_taint(digits: dict[str, Any]) -> None:
     from tideflow.broker.kubernetes import POOL_LABEL, TAINT_KEY
 

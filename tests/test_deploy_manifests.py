@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ipaddress
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -311,6 +313,74 @@ def test_airflow_roles_grant_exactly_what_the_gang_operator_and_trigger_call() -
     assert subjects["tideflow-gang-watcher"] == {chart["triggerer"]["serviceAccount"]["name"]}
 
 
+def bound_service_accounts() -> set[str]:
+    return {
+        s["name"]
+        for b in by_kind("RoleBinding") + by_kind("ClusterRoleBinding")
+        for s in b["subjects"]
+        if s["kind"] == "ServiceAccount"
+    }
+
+
+def test_gang_pods_run_as_their_own_service_account_without_a_token() -> None:
+    from tideflow.kube import KubeSettings
+    from tideflow.kube.volcano import gang_pod_spec
+
+    settings = KubeSettings()
+    account = named("ServiceAccount", settings.gang_service_account)
+    assert account["automountServiceAccountToken"] is False
+    assert settings.gang_service_account not in bound_service_accounts()  # no API rights
+    for name, pod in emitted_pods().items():
+        if name.startswith(("volcano", "jobset")) or name.endswith("-gang"):
+            assert pod["spec"]["serviceAccountName"] == settings.gang_service_account, name
+            assert pod["spec"]["automountServiceAccountToken"] is False, name
+    pod = gang_pod_spec(
+        gang("vision", "gpu"), KubeSettings(gang_service_account="x"), master_addr="m"
+    )
+    assert pod["serviceAccountName"] == "x"
+
+
+def test_argo_workflow_pods_mount_no_token_and_its_executor_may_do_only_what_argo_needs() -> None:
+    """Workflow pods run as one ServiceAccount with no token mounted; Argo mounts the
+    executor ServiceAccount's token into its own containers only.
+
+    upstream: argo workflow/controller/operator.go executeResource (a resource step's
+    main container is argoexec, made by newExecContainer) and Argo's workflowpod.go
+    setupServiceAccount/newExecContainer (the executor token volume, mounted in the
+    executor containers only; automountServiceAccountToken false needs
+    executor.serviceAccountName); argo workflow/validate/validate.go (the same rule);
+    argo workflow-executor-resource.go (the resource step runs `kubectl create` and
+    then GETs the object until a condition holds); Argo's quick-start emissary
+    executor Role (workflowtaskresults: create, patch) and docs/service-account-secrets.md
+    (the executor token Secret is found by the name <account>.service-account-token).
+    """
+    from tideflow.kube import KubeSettings
+
+    settings = KubeSettings()
+    workflow = named("ServiceAccount", settings.argo_service_account)
+    executor = named("ServiceAccount", settings.argo_executor_service_account)
+    assert workflow["automountServiceAccountToken"] is False
+    assert executor["automountServiceAccountToken"] is False
+    token = named("Secret", f"{settings.argo_executor_service_account}.service-account-token")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": settings.argo_executor_service_account
+    }
+    assert "data" not in token and "stringData" not in token  # the token controller fills it
+    role = rules("Role", "tideflow-argo-executor")
+    assert grants(role) == {
+        ("argoproj.io", "workflowtaskresults", "create"),
+        ("argoproj.io", "workflowtaskresults", "patch"),
+        ("batch.volcano.sh", "jobs", "create"),
+        ("batch.volcano.sh", "jobs", "get"),
+    }
+    subjects = {
+        b["roleRef"]["name"]: {s["name"] for s in b["subjects"]} for b in by_kind("RoleBinding")
+    }
+    assert subjects["tideflow-argo-executor"] == {settings.argo_executor_service_account}
+    assert settings.argo_service_account not in bound_service_accounts()
+
+
 # -- What the broker may change on a node ------------------------------------------------
 
 BROKER = "system:serviceaccount:tideflow:tideflow-broker"
@@ -583,17 +653,298 @@ def test_broker_accepts_no_connections() -> None:
     assert policy["spec"]["ingress"] == []
 
 
-def test_mlflow_admits_only_pods_of_its_namespace_on_its_port() -> None:
-    deployment = named("Deployment", "mlflow")
+# A small model of NetworkPolicy semantics (Kubernetes documentation, "Network
+# Policies"): a pod selected by no policy of a direction is open in that direction;
+# a selected pod accepts only what some selecting policy's rule allows (rules add
+# up); a rule's peer with only a podSelector means pods of the policy's namespace, a
+# namespaceSelector matches namespaces by their labels (kubernetes.io/metadata.name
+# is set on every namespace), an ipBlock addresses outside the cluster; a rule with
+# no ports allows every port. Label selectors: "Labels and Selectors".
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    labels: tuple[tuple[str, str], ...] = ()
+    namespace: str | None = "tideflow"  # None: an address outside the cluster
+    ip: str = "10.0.0.1"
+
+
+def pod(labels: dict[str, str], namespace: str = "tideflow") -> Endpoint:
+    return Endpoint(tuple(sorted(labels.items())), namespace)
+
+
+OUTSIDE = Endpoint(namespace=None, ip="52.95.1.1")  # an S3 endpoint, the API server
+KUBE_DNS = pod({"k8s-app": "kube-dns"}, "kube-system")
+PROMETHEUS = pod({"app.kubernetes.io/name": "prometheus"}, "monitoring")
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator = expression["key"], expression["operator"]
+        present = key in labels
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+        if operator == "In" and labels.get(key) not in expression["values"]:
+            return False
+        if operator == "NotIn" and present and labels[key] in expression["values"]:
+            return False
+    return True
+
+
+def peer_matches(peer: dict[str, Any], policy_namespace: str, other: Endpoint) -> bool:
+    if "ipBlock" in peer:
+        if other.namespace is not None:  # pods are addressed by selectors here
+            return False
+        block = peer["ipBlock"]
+        address = ipaddress.ip_address(other.ip)
+        inside = address in ipaddress.ip_network(block["cidr"])
+        return inside and not any(
+            address in ipaddress.ip_network(e) for e in block.get("except", [])
+        )
+    if other.namespace is None:
+        return False
+    if "namespaceSelector" in peer:
+        names = {"kubernetes.io/metadata.name": other.namespace}
+        if not selects(peer["namespaceSelector"], names):
+            return False
+    elif other.namespace != policy_namespace:
+        return False
+    return selects(peer.get("podSelector", {}), dict(other.labels))
+
+
+def port_matches(rule: dict[str, Any], port: int, protocol: str) -> bool:
+    ports = rule.get("ports")
+    if not ports:
+        return True
+    return any(
+        p.get("protocol", "TCP") == protocol
+        and p.get("port", port) <= port <= p.get("endPort", p.get("port", port))
+        for p in ports
+    )
+
+
+def side_allows(
+    policies: list[dict[str, Any]],
+    own: Endpoint,
+    *,
+    other: Endpoint,
+    direction: str,
+    port: int,
+    protocol: str,
+) -> bool:
+    if own.namespace is None:
+        return True  # outside the cluster: no NetworkPolicy
+    selecting = [
+        p
+        for p in policies
+        if p["metadata"]["namespace"] == own.namespace
+        and direction in p["spec"].get("policyTypes", ["Ingress"])
+        and selects(p["spec"]["podSelector"], dict(own.labels))
+    ]
+    if not selecting:
+        return True
+    key, peers = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    return any(
+        port_matches(rule, port, protocol)
+        and (
+            peers not in rule
+            or any(peer_matches(peer, p["metadata"]["namespace"], other) for peer in rule[peers])
+        )
+        for p in selecting
+        for rule in p["spec"].get(key) or []
+    )
+
+
+def connects(
+    source: Endpoint,
+    target: Endpoint,
+    port: int,
+    protocol: str = "TCP",
+    extra: list[dict[str, Any]] | None = None,
+) -> bool:
+    """Whether the NetworkPolicies in deploy/ (plus ``extra``) let source open port on target."""
+    policies = by_kind("NetworkPolicy") + (extra or [])
+    out = side_allows(
+        policies, source, other=target, direction="Egress", port=port, protocol=protocol
+    )
+    into = side_allows(
+        policies, target, other=source, direction="Ingress", port=port, protocol=protocol
+    )
+    return out and into
+
+
+def mlflow_pod() -> Endpoint:
+    return pod(named("Deployment", "mlflow")["spec"]["template"]["metadata"]["labels"])
+
+
+def airflow_pod(component: str) -> Endpoint:
+    """An Airflow pod as the chart labels it (tier, component, release) plus ``labels``."""
+    chart = values()
+    own = chart.get(component, {}).get("labels", {})
+    return pod(
+        {
+            "tier": "airflow",
+            "component": component,
+            "release": "airflow",
+            **chart.get("labels", {}),
+            **own,
+        }
+    )
+
+
+def emitted_endpoints() -> dict[str, Endpoint]:
+    return {name: pod(p["metadata"].get("labels", {})) for name, p in emitted_pods().items()}
+
+
+def test_the_network_model_can_fail() -> None:
+    deny = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny", "namespace": "tideflow"},
+        "spec": {"podSelector": {"matchLabels": {"a": "b"}}, "policyTypes": ["Ingress"]},
+    }
+    target = pod({"a": "b"})
+    assert connects(pod({}), target, 80) and not connects(pod({}), target, 80, extra=[deny])
+    assert not selects({"matchExpressions": [{"key": "k", "operator": "Exists"}]}, {})
+    assert peer_matches({"ipBlock": {"cidr": "0.0.0.0/0"}}, "tideflow", OUTSIDE)
+    assert not peer_matches({"podSelector": {}}, "tideflow", KUBE_DNS)
+
+
+def test_mlflow_admits_only_tideflow_clients_on_its_port() -> None:
+    from tideflow.kube.pods import MLFLOW_CLIENT_LABEL
+
     policy = named("NetworkPolicy", "mlflow")
-    labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert policy["metadata"]["namespace"] == deployment["metadata"]["namespace"] == "tideflow"
-    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    assert "Ingress" in policy["spec"]["policyTypes"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= dict(mlflow_pod().labels).items()
     (rule,) = policy["spec"]["ingress"]
-    # A bare podSelector (no namespaceSelector, no ipBlock) admits this namespace only.
-    assert rule["from"] == [{"podSelector": {}}]
-    assert rule["ports"] == [{"protocol": "TCP", "port": 5000}]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {MLFLOW_CLIENT_LABEL: "true"}}}]
+    mlflow = mlflow_pod()
+    # Every pod tideflow emits that reports to MLflow reaches it; Argo's resource step
+    # only talks to the API server and is no client.
+    clients = {
+        name: endpoint for name, endpoint in emitted_endpoints().items() if name != "argo-train"
+    }
+    for name, endpoint in clients.items():
+        assert connects(endpoint, mlflow, 5000), name
+    for component in ("workers", "scheduler", "dagProcessor", "triggerer", "apiServer"):
+        assert connects(airflow_pod(component), mlflow, 5000), component
+    assert not connects(clients["volcano-gpu"], mlflow, 22)
+    # Other pods of the namespace do not: an unlabelled one, or the broker (it never
+    # calls MLflow).
+    assert not connects(pod({"app": "something-else"}), mlflow, 5000)
+    broker = named("Deployment", "tideflow-broker")["spec"]["template"]["metadata"]["labels"]
+    assert not connects(pod(broker), mlflow, 5000)
+
+
+def gang_endpoints() -> dict[str, Endpoint]:
+    """Gang pods as their controllers label them: Volcano adds volcano.sh/job-name and
+    job-namespace (upstream: volcano batch/v1alpha1 job.go JobNameKey), JobSet adds
+    jobset.sigs.k8s.io/jobset-name (upstream: jobset_types.go JobSetNameKey)."""
+    found = {}
+    for name, endpoint in emitted_endpoints().items():
+        labels = dict(endpoint.labels)
+        if name.startswith("volcano") or name.endswith("-gang"):
+            labels |= {"volcano.sh/job-name": "g", "volcano.sh/job-namespace": "tideflow"}
+        elif name.startswith("jobset"):
+            labels |= {"jobset.sigs.k8s.io/jobset-name": "g"}
+        else:
+            continue
+        found[name] = pod(labels)
+    return found
+
+
+# The NetworkPolicy Volcano's svc plugin creates for each Job it runs: its pods admit
+# each other (upstream: volcano pkg/controllers/job/plugins/svc/svc.go
+# createNetworkPolicyIfNotExist, unless --disable-network-policy).
+VOLCANO_JOB_POLICY = {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "NetworkPolicy",
+    "metadata": {"name": "g", "namespace": "tideflow"},
+    "spec": {
+        "podSelector": {
+            "matchLabels": {"volcano.sh/job-name": "g", "volcano.sh/job-namespace": "tideflow"}
+        },
+        "ingress": [
+            {
+                "from": [
+                    {
+                        "podSelector": {
+                            "matchLabels": {
+                                "volcano.sh/job-name": "g",
+                                "volcano.sh/job-namespace": "tideflow",
+                            }
+                        }
+                    }
+                ]
+            }
+        ],
+        "policyTypes": ["Ingress"],
+    },
+}
+
+
+def test_gang_pods_reach_each_other_mlflow_s3_and_dns_and_nothing_else() -> None:
+    from tideflow.kube import KubeSettings
+
+    port = KubeSettings().master_port
+    gangs = gang_endpoints()
+    assert {"volcano-gpu", "jobset-gpu", "argo-train-gang"} <= set(gangs)
+    volcano = [VOLCANO_JOB_POLICY]
+    mlflow = mlflow_pod()
+    task_pod_ = airflow_pod("workers")
+    for name, worker in gangs.items():
+        # Rendezvous on MASTER_PORT, and NCCL/Gloo on ports of their choosing.
+        assert connects(worker, worker, port, extra=volcano), name
+        assert connects(worker, worker, 40123, extra=volcano), name
+        assert connects(worker, mlflow, 5000), name
+        assert connects(worker, OUTSIDE, 443), name  # S3
+        assert connects(worker, KUBE_DNS, 53, "UDP") and connects(worker, KUBE_DNS, 53), name
+        # Nothing else reaches a gang worker, and it reaches nothing else.
+        assert not connects(task_pod_, worker, port, extra=volcano), name
+        assert not connects(pod({}), worker, port, extra=volcano), name
+        assert not connects(worker, OUTSIDE, 22), name
+        assert not connects(worker, airflow_pod("apiServer"), 8080), name
+    # Volcano's plugin (on: no --disable-network-policy) admits a Job's own pods; the
+    # JobSet policy admits JobSet gang pods.
+    for name in ("volcano-gpu", "argo-train-gang"):
+        assert not connects(gangs["jobset-gpu"], gangs[name], port, extra=volcano)
+    job = KubeSettings()
+    from tideflow.kube.volcano import gang_volcano_job
+
+    assert gang_volcano_job(gang("vision", "gpu"), "p/r/t", job)["spec"]["plugins"]["svc"] == []
+
+
+def test_airflow_pods_reach_what_airflow_needs_and_no_more() -> None:
+    chart = values()
+    labels = chart["labels"]
+    policy = named("NetworkPolicy", "tideflow-airflow")
+    assert selects(policy["spec"]["podSelector"], labels)
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    mlflow = mlflow_pod()
+    api_server, task, triggerer = (airflow_pod(c) for c in ("apiServer", "workers", "triggerer"))
+    scheduler, statsd = airflow_pod("scheduler"), airflow_pod("statsd")
+    chart_ports = chart.get("ports", {})
+    api_port = chart_ports.get("apiServer", 8080)
+    # Task pods call the API server's Execution API; the API server reads running
+    # tasks' and the triggerer's logs from their log servers; everything reports to statsd.
+    assert connects(task, api_server, api_port) and connects(triggerer, api_server, api_port)
+    assert connects(api_server, task, chart_ports.get("workerLogs", 8793))
+    assert connects(api_server, triggerer, chart_ports.get("triggererLogs", 8794))
+    assert connects(scheduler, statsd, 9125, "UDP") and connects(PROMETHEUS, statsd, 9102)
+    for component in (api_server, task, triggerer, scheduler):
+        assert connects(component, mlflow, 5000)
+        assert connects(component, KUBE_DNS, 53, "UDP")
+        # The API server (443 or 6443), S3 and git over HTTPS (443), PostgreSQL (5432).
+        for port in (443, 6443, 5432):
+            assert connects(component, OUTSIDE, port), port
+        assert not connects(component, OUTSIDE, 25)
+    # Nothing else of the namespace reaches Airflow's pods.
+    assert not connects(pod({}), api_server, api_port)
+    for worker in gang_endpoints().values():
+        assert not connects(worker, task, 8793)
 
 
 def test_mlflow_serves_what_tideflow_is_told_to_use() -> None:
@@ -952,6 +1303,7 @@ def test_the_secret_scan_can_fail() -> None:
 # these values use, checked against the chart's values.yaml and values.schema.json.
 CHART_KEYS = {
     "airflowVersion",
+    "labels",
     "securityContexts",
     "statsd",
     "statsd.securityContexts",
@@ -1014,6 +1366,7 @@ CHART_KEYS = {
 # Free-form below these keys: Kubernetes objects or Airflow's own configuration.
 FREE_FORM = {
     "config",
+    "labels",
     "securityContexts.pod",
     "securityContexts.containers",
     "statsd.securityContexts.pod",

@@ -247,6 +247,30 @@ def test_bad_kubernetes_settings_name_the_variable_and_what_is_accepted() -> Non
     assert settings.store_secret == "" and settings.mlflow_tracking_uri == "http://mlflow:5000"
 
 
+def test_service_account_names_come_from_settings_with_the_deployed_defaults() -> None:
+    defaults = kube_settings_from_env({})
+    # The names deploy/kubernetes creates (gangs.yaml, argo-rbac.yaml).
+    assert defaults.gang_service_account == "tideflow-gang"
+    assert defaults.argo_service_account == "tideflow-argo-workflow"
+    assert defaults.argo_executor_service_account == "tideflow-argo-executor"
+    settings = kube_settings_from_env(
+        {
+            "TIDEFLOW_K8S_GANG_SERVICE_ACCOUNT": "vision-gang",
+            "TIDEFLOW_K8S_ARGO_SERVICE_ACCOUNT": "vision-workflow",
+            "TIDEFLOW_K8S_ARGO_EXECUTOR_SERVICE_ACCOUNT": "vision-executor",
+        }
+    )
+    assert (
+        settings.gang_service_account,
+        settings.argo_service_account,
+        settings.argo_executor_service_account,
+    ) == ("vision-gang", "vision-workflow", "vision-executor")
+    with pytest.raises(ValueError, match="TIDEFLOW_K8S_GANG_SERVICE_ACCOUNT='Gang_1': accepted"):
+        kube_settings_from_env({"TIDEFLOW_K8S_GANG_SERVICE_ACCOUNT": "Gang_1"})
+    with pytest.raises(ValueError, match="TIDEFLOW_K8S_ARGO_EXECUTOR_SERVICE_ACCOUNT=''"):
+        kube_settings_from_env({"TIDEFLOW_K8S_ARGO_EXECUTOR_SERVICE_ACCOUNT": ""})
+
+
 def test_bad_backend_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     from tideflow.config import Settings
 

@@ -87,6 +87,19 @@ def test_gang_is_one_indexed_job_restarted_whole_and_queued_by_team(repo: Path) 
     assert replicated_job(digits_jobset(repo, workers=1))["spec"]["parallelism"] == 1
 
 
+def test_gang_pods_run_as_the_gang_service_account_without_a_token_as_mlflow_clients(
+    repo: Path,
+) -> None:
+    from tideflow.kube.pods import MLFLOW_CLIENT_LABEL
+
+    obj = digits_jobset(repo)
+    template = replicated_job(obj)["spec"]["template"]
+    assert template["spec"]["serviceAccountName"] == KUEUE.gang_service_account
+    assert template["spec"]["automountServiceAccountToken"] is False
+    assert template["metadata"]["labels"][MLFLOW_CLIENT_LABEL] == "true"
+    assert MLFLOW_CLIENT_LABEL not in obj["metadata"]["labels"]
+
+
 def test_replicated_job_validates_strictly_as_a_core_job(repo: Path) -> None:
     import kubernetes_validate
 

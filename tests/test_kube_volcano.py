@@ -79,6 +79,20 @@ def test_digits_gang_is_all_or_nothing_with_gang_restarts(repo: Path) -> None:
     assert job(repo, workers=1)["spec"]["minAvailable"] == 1
 
 
+def test_gang_pods_run_as_the_gang_service_account_without_a_token_as_mlflow_clients(
+    repo: Path,
+) -> None:
+    from tideflow.kube.pods import MLFLOW_CLIENT_LABEL
+
+    template = job(repo)["spec"]["tasks"][0]["template"]
+    assert template["spec"]["serviceAccountName"] == KubeSettings().gang_service_account
+    # Gang workers never call the Kubernetes API: no token in their pods.
+    assert template["spec"]["automountServiceAccountToken"] is False
+    # deploy/kubernetes/mlflow.yaml admits pods with this label only.
+    assert template["metadata"]["labels"][MLFLOW_CLIENT_LABEL] == "true"
+    assert MLFLOW_CLIENT_LABEL not in job(repo)["metadata"]["labels"]  # the Job is no pod
+
+
 def test_names_and_labels_are_valid_kubernetes_names(repo: Path) -> None:
     obj = job(repo)
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", obj["metadata"]["name"])

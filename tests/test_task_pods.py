@@ -63,6 +63,17 @@ def test_each_step_pod_is_placed_on_its_pool(repo: Path, monkeypatch: pytest.Mon
         assert pod["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
+def test_task_pods_are_labelled_as_mlflow_clients(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tideflow.kube.pods import MLFLOW_CLIENT_LABEL
+
+    # deploy/kubernetes/mlflow.yaml admits pods with this label only; the Helm values
+    # give it to every Airflow pod, and each step's override carries it too.
+    for name, pod in pods(digits_dag(repo, monkeypatch, None)).items():
+        assert pod["metadata"]["labels"][MLFLOW_CLIENT_LABEL] == "true", name
+
+
 def test_evaluation_takes_a_spare_gpu_where_the_cluster_has_no_npu(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

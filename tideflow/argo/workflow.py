@@ -103,6 +103,7 @@ def workflow_template(plan: WorkflowPlan) -> WorkflowTemplate:
         templates.append(_resource(step) if step.manifest is not None else _container(step))
     if plan.on_exit is not None:
         templates.append(_container(plan.on_exit))
+    executor = plan.executor_service_account
     return WorkflowTemplate(
         name=plan.name,
         namespace=plan.namespace,
@@ -110,6 +111,11 @@ def workflow_template(plan: WorkflowPlan) -> WorkflowTemplate:
         annotations=plan.annotations or None,
         entrypoint=plan.entrypoint,
         on_exit=plan.on_exit.name if plan.on_exit is not None else None,
+        service_account_name=plan.service_account,
+        # Step containers get no token; Argo mounts the executor's into its own
+        # containers (which Argo requires when automount is off).
+        automount_service_account_token=False if executor else None,
+        executor=m.ExecutorConfig(service_account_name=executor) if executor else None,
         arguments=[
             Parameter(
                 name=param.name,

@@ -13,6 +13,11 @@ One DAG template runs one task per step, with the Airflow DAG's dependencies
   manifest text before it creates the object, so the gang's size may be a
   workflow parameter; integer fields are written unquoted for that reason.
 
+Every pod of the workflow runs as ``argo_service_account`` with no API token
+mounted; Argo's own executor containers (they report outputs and create the
+gang) get the token of ``argo_executor_service_account``. Steps that report to
+MLflow carry the label its NetworkPolicy admits; the resource step does not.
+
 Templates in the pipeline become Argo's (``tideflow.compile.templates``): a
 param is a workflow parameter; an upstream output is an input parameter that
 the DAG task fills from that task's output parameter. The gang's checkpoint
@@ -52,6 +57,7 @@ from tideflow.inventory import Inventory
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import (
     DEVICE_RESOURCES,
+    MLFLOW_CLIENT_LABELS,
     evaluation_device,
     placement,
     restricted,
@@ -130,6 +136,11 @@ class WorkflowPlan:
     steps: tuple[StepTemplate, ...] = field(default=())
     on_exit: StepTemplate | None = None  # runs once the DAG has ended, however it ended
     schedule: str | None = None  # a CronWorkflow submits the template on it (Argo's cron form)
+    # Every pod runs as service_account with no token mounted; Argo mounts the
+    # executor's token into its own containers only (they report outputs and create
+    # the gang), so the steps' containers get no API access.
+    service_account: str = "default"
+    executor_service_account: str | None = None
 
 
 @dataclass(frozen=True)
@@ -436,7 +447,8 @@ class _Compiler:
             outputs=outputs,
             retries=task.retries,
             timeout_seconds=task.timeout_seconds,
-            labels=self.labels(task),
+            # The step reports to MLflow: its NetworkPolicy admits pods so labelled.
+            labels={**self.labels(task), **MLFLOW_CLIENT_LABELS},
             pod=place.apply({"securityContext": restricted_pod()}),
             container=container,
         )
@@ -747,6 +759,8 @@ class _Compiler:
             steps=tuple(step for step in steps if step is not None),
             on_exit=self.pipeline_end(exit_handler),
             schedule=schedule,
+            service_account=self.settings.argo_service_account,
+            executor_service_account=self.settings.argo_executor_service_account,
         )
 
 

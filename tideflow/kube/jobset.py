@@ -24,6 +24,7 @@ from typing import Any
 
 from tideflow.compile.dag_plan import DagPlan, TaskPlan
 from tideflow.kube.names import dns_label
+from tideflow.kube.pods import MLFLOW_CLIENT_LABELS
 from tideflow.kube.volcano import (
     EXIT_UNHEALTHY,
     GangShape,
@@ -67,7 +68,7 @@ def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[
                 }
             ]
         },
-        "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        "template": {"metadata": {"labels": {**labels, **MLFLOW_CLIENT_LABELS}}, "spec": pod_spec},
     }
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",

@@ -13,7 +13,8 @@
   lowest PriorityClass, so it runs on GPUs nobody uses now and is the first pod
   the scheduler preempts when training or inference wants them back.
 * Store: MLflow's address and the artifact root as plain variables; S3
-  credentials only by reference to a Secret, never inline.
+  credentials only by reference to a Secret, never inline. Pods that report to
+  MLflow carry ``MLFLOW_CLIENT_LABEL``, the only pods its NetworkPolicy admits.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ DEVICE_RESOURCES = {"gpu": "nvidia.com/gpu", "npu": "huawei.com/Ascend910"}
 POOL_LABEL = "tideflow.io/pool"
 POOL_TAINT = "tideflow.io/pool"
 RUN_AS_USER = 10001
+# MLflow's NetworkPolicy (deploy/kubernetes/mlflow.yaml) admits only pods labelled so:
+# every pod that reports to MLflow carries it (the Helm values give it to Airflow's).
+MLFLOW_CLIENT_LABEL = "tideflow.io/mlflow-client"
+MLFLOW_CLIENT_LABELS = {MLFLOW_CLIENT_LABEL: "true"}
 
 # Node pools by where a step asks to run. GPU pools are the broker's two.
 POOLS: dict[str, tuple[str, ...]] = {
@@ -186,4 +191,5 @@ def task_pod(task: TaskPlan, settings: KubeSettings, inventory: Inventory | None
         "securityContext": restricted(),
     }
     spec = place.apply({"securityContext": restricted_pod(), "containers": [container]})
-    return {"metadata": {"labels": {"tideflow.io/step-kind": task.kind}}, "spec": spec}
+    labels = {"tideflow.io/step-kind": task.kind, **MLFLOW_CLIENT_LABELS}
+    return {"metadata": {"labels": labels}, "spec": spec}

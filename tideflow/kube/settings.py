@@ -8,11 +8,24 @@ refused with the variable's name and what is accepted.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 from tideflow.kube.volcano import KubeSettings
 
 SCHEDULERS = ("volcano", "kueue")
+# A ServiceAccount's name: a DNS-1123 subdomain (lowercase alphanumerics, '-', '.').
+SERVICE_ACCOUNT = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _service_account(env: Mapping[str, str], variable: str, default: str) -> str:
+    name = env.get(variable, default)
+    if len(name) > 253 or not SERVICE_ACCOUNT.match(name):
+        raise ValueError(
+            f"{variable}={name!r}: accepted: a ServiceAccount name (lowercase letters, "
+            "digits, '-' and '.', at most 253 characters)"
+        )
+    return name
 
 
 def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSettings:
@@ -51,4 +64,15 @@ def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSett
         termination_grace_s=int(grace),
         gang_scheduler=scheduler,
         model_labels=models,
+        gang_service_account=_service_account(
+            env, "TIDEFLOW_K8S_GANG_SERVICE_ACCOUNT", defaults.gang_service_account
+        ),
+        argo_service_account=_service_account(
+            env, "TIDEFLOW_K8S_ARGO_SERVICE_ACCOUNT", defaults.argo_service_account
+        ),
+        argo_executor_service_account=_service_account(
+            env,
+            "TIDEFLOW_K8S_ARGO_EXECUTOR_SERVICE_ACCOUNT",
+            defaults.argo_executor_service_account,
+        ),
     )

@@ -9,6 +9,8 @@
   ``MASTER_ADDR``, and each worker's index (``VC_TASK_INDEX``) is its rank.
 * Pods meet the "restricted" Pod Security Standard, get a termination grace
   long enough to write a checkpoint, and read store credentials from a Secret.
+  They run as the gang ServiceAccount with no API token mounted, and carry the
+  label that admits them to MLflow (``deploy/kubernetes/mlflow.yaml``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from typing import Any
 
 from tideflow.compile.dag_plan import DagPlan, TaskPlan
 from tideflow.kube.names import dns_label, gang_object_name
-from tideflow.kube.pods import DEVICE_RESOURCES, RUN_AS_USER, placement, restricted
+from tideflow.kube.pods import (
+    DEVICE_RESOURCES,
+    MLFLOW_CLIENT_LABELS,
+    RUN_AS_USER,
+    placement,
+    restricted,
+)
 from tideflow.storage import safe_segment
 
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
@@ -41,6 +49,12 @@ class KubeSettings:
         ("A100", "NVIDIA-A100-SXM4-80GB"),
     )
     master_port: int = 29500
+    # ServiceAccounts (deploy/kubernetes/gangs.yaml, argo-rbac.yaml). Gang workers and
+    # Argo's step containers never call the Kubernetes API and mount no token; Argo's
+    # executor reports outputs and creates the gang with a token of its own.
+    gang_service_account: str = "tideflow-gang"
+    argo_service_account: str = "tideflow-argo-workflow"
+    argo_executor_service_account: str = "tideflow-argo-executor"
     priority_classes: tuple[tuple[int, str], ...] = (
         (1, "tideflow-training-high"),
         (0, "tideflow-training"),
@@ -169,6 +183,8 @@ def gang_pod_spec(shape: GangShape, settings: KubeSettings, *, master_addr: str)
     if settings.store_secret:
         container["envFrom"] = [{"secretRef": {"name": settings.store_secret}}]
     pod_spec: dict[str, Any] = {
+        "serviceAccountName": settings.gang_service_account,
+        "automountServiceAccountToken": False,  # workers never call the Kubernetes API
         "restartPolicy": "Never",  # the gang restarts whole, never one pod
         "terminationGracePeriodSeconds": settings.termination_grace_s,
         "priorityClassName": settings.priority_class(shape.priority),
@@ -216,7 +232,10 @@ def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> 
                 {
                     "name": "worker",
                     "replicas": shape.workers,
-                    "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+                    "template": {
+                        "metadata": {"labels": {**labels, **MLFLOW_CLIENT_LABELS}},
+                        "spec": pod_spec,
+                    },
                 }
             ],
         },
