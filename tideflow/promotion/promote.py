@@ -7,7 +7,9 @@ MLflow run and who is acting; this module decides and moves the registry:
 * a version already promoted by this step's run is reported again, nothing moves;
 * the gate (``tideflow.promotion.gate.decide``) compares with the alias's holder;
 * rejected: an audit record, and tags for the step's run;
-* passed: the builder logs an MLflow model from the checkpoint, a version is
+* passed: the attempt that holds the run's registration claim
+  (``tideflow.promotion.claim``; concurrent attempts wait for its version) has
+  the builder log an MLflow model from the checkpoint, a version is
   registered once (found again by the run), the alias moves (the old holder
   keeps ``previous-champion``), the checkpoint is copied under ``promoted/`` so
   retention never deletes it, and an audit record is written.
@@ -24,9 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tideflow.promotion import registry
+from tideflow.promotion.claim import RegistrationClaim
 from tideflow.promotion.gate import decide
 from tideflow.steps.entrypoints import StepError
+from tideflow.storage import open_store
 
+CLAIM_POLL_S = 0.5
 # Runs the step's builder entry point with these keyword arguments; returns its outputs.
 Build = Callable[[str | list[str], dict[str, Any]], dict[str, Any]]
 
@@ -72,15 +77,8 @@ def promote(
         raise StepError("tideflow: the training step reported no checkpoint")
     registry.ensure_registered_model(mlflow, request.model)
     existing = registry.version_for_run(mlflow, request.model, request.run_id)
-    if existing is not None and existing.tags.get("tideflow.decision") == "promoted":
-        log(f"tideflow: version {existing.version} was already promoted by this run; nothing to do")
-        outputs = {
-            "decision": "promoted",
-            "version": str(existing.version),
-            "alias": request.alias,
-            "repeated": True,
-        }
-        return PromotionResult(outputs, None)
+    if _promoted(existing):
+        return _repeated(request, existing, log)
     current = registry.champion(mlflow, request.model, request.alias)
     decision = decide(request.metrics, request.gate, current[1] if current else None)
     record: dict[str, Any] = {
@@ -100,18 +98,35 @@ def promote(
             "tideflow.reason": decision.summary,
             "tideflow.compared": json.dumps(decision.compared, default=str)[:4900],
         }
-        outputs = {"decision": "rejected", "reason": decision.summary, "metrics": request.metrics}
+        outputs: dict[str, Any] = {
+            "decision": "rejected",
+            "reason": decision.summary,
+            "metrics": request.metrics,
+        }
         return PromotionResult(outputs, tags)
-    version = existing or _register(mlflow, request, build)
-    previous = registry.move_alias(mlflow, request.model, request.alias, str(version.version))
-    mlflow.set_model_version_tag(request.model, version.version, "tideflow.decision", "promoted")
-    promoted_copy = copy_promoted(request, str(version.version))
-    record.update(
-        what=f"promoted version {version.version} to @{request.alias}",
-        previous=previous,
-        promoted_copy=promoted_copy,
-    )
-    registry.audit(mlflow, request.model, record)
+    claim = RegistrationClaim(open_store(request.artifact_root), request.model, request.run_id)
+    done = _hold_claim(mlflow, claim, request, log)
+    if done is not None:  # a concurrent attempt of this run promoted while we waited
+        return _repeated(request, done, log)
+    try:
+        # a holder before us may have registered and died before moving the alias
+        version = registry.version_for_run(mlflow, request.model, request.run_id)
+        version = version or _register(mlflow, request, build, claim)
+        previous = registry.move_alias(mlflow, request.model, request.alias, str(version.version))
+        promoted_copy = copy_promoted(request, str(version.version))
+        record.update(
+            what=f"promoted version {version.version} to @{request.alias}",
+            previous=previous,
+            promoted_copy=promoted_copy,
+        )
+        registry.audit(mlflow, request.model, record)
+        # last: waiting attempts return as soon as they see this tag
+        mlflow.set_model_version_tag(
+            request.model, version.version, "tideflow.decision", "promoted"
+        )
+    except BaseException:
+        claim.release()  # a retry or a waiting attempt takes over now, not after the TTL
+        raise
     log(
         f"tideflow: promoted {request.model} version {version.version} to @{request.alias} "
         f"({decision.summary})"
@@ -133,7 +148,45 @@ def promote(
     return PromotionResult(outputs, tags)
 
 
-def _register(mlflow: Any, request: PromotionRequest, build: Build) -> Any:
+def _promoted(version: Any | None) -> bool:
+    return version is not None and version.tags.get("tideflow.decision") == "promoted"
+
+
+def _repeated(
+    request: PromotionRequest, version: Any, log: Callable[[str], None]
+) -> PromotionResult:
+    log(f"tideflow: version {version.version} was already promoted by this run; nothing to do")
+    outputs = {
+        "decision": "promoted",
+        "version": str(version.version),
+        "alias": request.alias,
+        "repeated": True,
+    }
+    return PromotionResult(outputs, None)
+
+
+def _hold_claim(
+    mlflow: Any, claim: RegistrationClaim, request: PromotionRequest, log: Callable[[str], None]
+) -> Any | None:
+    """Hold the run's registration claim, or return the version a concurrent holder promoted."""
+    waited = False
+    while not claim.try_acquire():
+        found = registry.version_for_run(mlflow, request.model, request.run_id)
+        if _promoted(found):
+            return found
+        if not waited:
+            log(
+                f"tideflow: another attempt of this promotion holds its claim "
+                f"({claim.describe_holder()}); waiting for its version"
+            )
+            waited = True
+        time.sleep(CLAIM_POLL_S)
+    return None
+
+
+def _register(
+    mlflow: Any, request: PromotionRequest, build: Build, claim: RegistrationClaim
+) -> Any:
     if request.builder is None:
         raise StepError(
             f"tideflow: step '{request.step}' has no builder to "
@@ -160,6 +213,11 @@ def _register(mlflow: Any, request: PromotionRequest, build: Build) -> Any:
         "tideflow.checkpoint_checksum": str(trained.get("checkpoint_checksum", "")),
         **{f"{registry.METRIC_TAG}{k}": str(v) for k, v in request.metrics.items()},
     }
+    if not claim.still_held():  # stalled past the claim's TTL: another attempt took over
+        raise StepError(
+            f"tideflow: this promotion attempt lost its claim to {claim.describe_holder()} "
+            "while building the model; it registers nothing (a retry finds the version)"
+        )
     return registry.register(mlflow, request.model, str(built["model_uri"]), request.run_id, tags)
 
 
