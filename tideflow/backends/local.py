@@ -8,12 +8,15 @@ through the gang's directory instead of starting a second copy.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
@@ -117,15 +120,32 @@ class LocalBackend:
         status = self.status(gang_id)
         return status if status is not None and not status.state.finished else None
 
+    @contextlib.contextmanager
+    def _submitting(self, gang_id: str) -> Iterator[Path]:
+        """Hold the gang's submit lock: one submitter at a time checks and starts it.
+
+        Without it, two submitters (a retried task racing the first attempt, two
+        triggerers) both see no live supervisor and both start one; the pid file
+        then names one of them and cancel cannot reach the other. ``flock`` is
+        released by the kernel if the holder dies, so a crash never wedges a gang.
+        """
+        directory = self.gang_dir(gang_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "submit.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield directory
+
     def submit(self, job: GangJob) -> GangStatus:
+        with self._submitting(job.gang_id) as directory:
+            return self._submit_locked(job, directory)
+
+    def _submit_locked(self, job: GangJob, directory: Path) -> GangStatus:
         running = self.reattach(job.gang_id)
         if running is not None:
             return running
         previous = self.status(job.gang_id)
         if previous is not None and previous.state is GangState.SUCCEEDED:
             return previous
-        directory = self.gang_dir(job.gang_id)
-        directory.mkdir(parents=True, exist_ok=True)
         (directory / "status.json").unlink(missing_ok=True)
         (directory / REQUEST_FILE).unlink(missing_ok=True)
         (directory / "job.json").write_text(job.to_json())
