@@ -357,3 +357,66 @@ def test_a_steps_min_workers_makes_its_request_elastic_only_below_workers() -> N
     flexible = request(min_workers="2")  # a rendered template is text
     assert flexible.min_workers == 2 and flexible.elastic
     assert request_from_dict(request_to_dict(flexible)) == flexible  # through the trigger
+
+
+def _cluster_file(tmp_path: Path, file: str, *nodes: str) -> Path:
+    path = tmp_path / file
+    lines = [
+        f"  - {{name: {n}, cpu: 32, accelerators: {{class: gpu, model: H100, count: 8}}}}"
+        for n in nodes
+    ]
+    path.write_text(
+        "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: lab}\nnodes:\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+    return path
+
+
+def test_one_box_named_twice_is_refused_not_booked_twice(tmp_path: Path) -> None:
+    """Two cluster files name the same 8-GPU box differently: 8 claims, never 16."""
+    from tideflow.gangs import open_ledger
+    from tideflow.scheduling import InventoryChangedError
+
+    path = tmp_path / "leases.db"
+    first = open_ledger(path, str(_cluster_file(tmp_path, "a.yaml", "box-a")))
+    assert isinstance(first.try_acquire(gang("g1", 1, 8), "h", 60), Lease)
+    with pytest.raises(InventoryChangedError) as refused:
+        open_ledger(path, str(_cluster_file(tmp_path, "b.yaml", "box-b")))
+    message = str(refused.value)
+    assert "8 held claim(s) are on devices this process's inventory 'lab' (nodes: box-b)" in message
+    assert "box-a gpu 0 (gang g1)" in message and "and 3 more" in message
+    assert "TIDEFLOW_CLUSTER_FILE" in message
+    assert held(first) == 8
+
+
+def test_a_process_opened_with_another_inventory_cannot_book_while_leases_are_held(
+    tmp_path: Path,
+) -> None:
+    """Both open while the ledger is idle; the second placement with the other names fails."""
+    from tideflow.gangs import open_ledger
+    from tideflow.scheduling import InventoryChangedError
+
+    path = tmp_path / "leases.db"
+    first = open_ledger(path, str(_cluster_file(tmp_path, "a.yaml", "box-a")))
+    second = open_ledger(path, str(_cluster_file(tmp_path, "b.yaml", "box-b")))
+    assert isinstance(first.try_acquire(gang("g1", 1, 8), "h", 60), Lease)
+    with pytest.raises(InventoryChangedError):
+        second.try_acquire(gang("g2", 1, 8), "h", 60)
+    assert held(first) == 8
+    first.release(first.lease_for("g1").lease_id)  # type: ignore[union-attr]
+    # no lease is held any more: the other inventory takes over
+    assert isinstance(second.try_acquire(gang("g2", 1, 8), "h", 60), Lease)
+
+
+def test_an_inventory_that_still_has_every_held_device_takes_over(tmp_path: Path) -> None:
+    """A node added while gangs run: their claims are still on known devices."""
+    from tideflow.gangs import open_ledger
+
+    path = tmp_path / "leases.db"
+    first = open_ledger(path, str(_cluster_file(tmp_path, "a.yaml", "box-a")))
+    assert isinstance(first.try_acquire(gang("g1", 1, 8), "h", 60), Lease)
+    grown = open_ledger(path, str(_cluster_file(tmp_path, "b.yaml", "box-a", "box-c")))
+    lease = grown.try_acquire(gang("g2", 1, 8), "h", 60)
+    assert isinstance(lease, Lease) and lease.placements[0].node == "box-c"
+    assert isinstance(grown.try_acquire(gang("g3", 1, 8), "h", 60), Refusal)

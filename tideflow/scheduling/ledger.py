@@ -15,6 +15,13 @@ smaller requests behind them (best-effort FIFO, as Kueue's BestEffortFIFO).
 The trade-off is that a large gang can starve behind a stream of small ones;
 give it a higher priority, or let the broker reserve capacity for it.
 
+Every process must place against the same inventory: two processes that name
+one 8-GPU box differently would each see 8 free GPUs. The ledger keeps the
+fingerprint of the inventory it last placed with; a process whose inventory
+differs may take over only if every held claim is on a device its own
+inventory has (a node added, say). Otherwise it is refused with
+``InventoryChangedError``, naming the claims it cannot account for.
+
 Leases expire unless renewed (the holder died); waiters that stop polling
 are forgotten. Both are cleaned inside every transaction, using the injected
 clock so tests can replay time.
@@ -82,6 +89,10 @@ class LeaseLostError(Exception):
     """The lease expired, was released, or was taken back (e.g. by the broker)."""
 
 
+class InventoryChangedError(Exception):
+    """Held leases are on devices this process's inventory does not have."""
+
+
 def inventory_fingerprint(inventory: Inventory) -> str:
     text = repr(
         sorted((n.name, n.device_class, n.model, n.devices, n.cpu) for n in inventory.nodes)
@@ -111,11 +122,45 @@ class LeaseLedger:
                 setup.execute("ALTER TABLE leases ADD COLUMN min_workers INTEGER")
         finally:
             setup.close()
+        self.fingerprint = inventory_fingerprint(inventory)
         with self._transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('inventory', ?)",
-                (inventory_fingerprint(inventory),),
+            self._expire(db, self.clock())
+            self._adopt_inventory(db)
+
+    def _adopt_inventory(self, db: sqlite3.Connection) -> None:
+        """Record this process's inventory as the ledger's, if the held claims allow it."""
+        stored = db.execute("SELECT value FROM meta WHERE key = 'inventory'").fetchone()
+        if stored is not None and stored[0] == self.fingerprint:
+            return
+        unknown = [
+            (node, device_class, device, gang)
+            for node, device_class, device, gang in db.execute(
+                "SELECT c.node, c.device_class, c.device, l.gang_id "
+                "FROM claims c JOIN leases l USING (lease_id) ORDER BY c.node, c.device"
             )
+            if not self._has_device(str(node), str(device_class), int(device))
+        ]
+        if unknown:
+            shown = "; ".join(
+                f"{node} {cls} {device} (gang {gang})" for node, cls, device, gang in unknown[:5]
+            )
+            more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            nodes = ", ".join(sorted(n.name for n in self.inventory.nodes))
+            raise InventoryChangedError(
+                f"lease ledger {self.path}: the inventory changed under held leases; "
+                f"{len(unknown)} held claim(s) are on devices this process's inventory "
+                f"'{self.inventory.name}' (nodes: {nodes}) does not have: {shown}{more}. "
+                "Every process must use the same cluster file (TIDEFLOW_CLUSTER_FILE); "
+                "or wait until those gangs end, then the new inventory takes over"
+            )
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('inventory', ?)", (self.fingerprint,))
+
+    def _has_device(self, node_name: str, device_class: str, device: int) -> bool:
+        node = next((n for n in self.inventory.nodes if n.name == node_name), None)
+        if node is None or device_class not in ("cpu", node.device_class):
+            return False
+        offered = node.cpu if device_class == "cpu" else node.devices
+        return 0 <= device < offered
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -188,6 +233,7 @@ class LeaseLedger:
         with self._transaction() as db:
             now = self.clock()
             self._expire(db, now)
+            self._adopt_inventory(db)  # another process may have placed with another one
             row = db.execute(
                 "SELECT * FROM leases WHERE gang_id = ?", (request.gang_id,)
             ).fetchone()
