@@ -8,6 +8,7 @@ store is used: DAG parsing never pays for it.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from tideflow.storage.keys import check_key
+from tideflow.storage.keys import UnsafeKeyError, check_key
+
+log = logging.getLogger(__name__)
 
 
 class Store(Protocol):
@@ -34,17 +37,41 @@ class Store(Protocol):
 
 
 class FileStore:
-    """A directory; writes go to a temporary file first and are renamed into place."""
+    """A directory; writes go to a temporary file first and are renamed into place.
+
+    Every key is resolved (links followed) before it is read, written, listed
+    or deleted, and refused with ``UnsafeKeyError`` if it lands outside the
+    root: a link inside the root cannot lead the store to files it does not
+    own. Links that stay inside the root, and a root that is itself a link,
+    work as usual. The check is made at each call; it does not guard against
+    someone who swaps links inside the root while a call runs.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.uri = root.as_uri()
 
     def _path(self, key: str) -> Path:
-        return self.root / check_key(key)
+        """Where ``key`` really is: inside the root, or ``UnsafeKeyError``."""
+        return self._inside_root(self.root / check_key(key), key)
+
+    def _inside_root(self, path: Path, key: str) -> Path:
+        real_root = self.root.resolve()
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError) as exc:  # a link loop (RuntimeError before 3.13)
+            raise UnsafeKeyError(
+                f"object key {key!r} cannot be resolved inside the store root {self.root}: {exc}"
+            ) from exc
+        if not real.is_relative_to(real_root):
+            raise UnsafeKeyError(
+                f"object key {key!r} resolves to {real}, outside the store root {self.root}; "
+                "a file store never follows a link out of its root"
+            )
+        return real
 
     def url(self, key: str) -> str:
-        return self._path(key).as_uri()
+        return (self.root / check_key(key)).as_uri()
 
     def _staged(self, key: str, write: Callable[[str], object]) -> tuple[Path, str]:
         """Write a hidden temporary file beside the key's final name; fsync it."""
@@ -96,21 +123,42 @@ class FileStore:
         return self._path(key).is_file()
 
     def list(self, prefix: str = "") -> list[str]:
-        base = self.root / check_key(prefix.rstrip("/")) if prefix else self.root
-        if not base.exists():
+        """Keys under ``prefix``, sorted; hidden (staged) files are not objects.
+
+        Linked directories are not descended into, and a linked file that
+        resolves outside the root is left out, with a warning.
+        """
+        clean = prefix.rstrip("/")
+        base = self._path(clean) if clean else self.root.resolve()
+        if not base.is_dir():
             return []
-        return sorted(
-            p.relative_to(self.root).as_posix()
-            for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".")
-        )
+        keys = []
+        for directory, _, files in os.walk(base):  # does not follow linked directories
+            for name in files:
+                path = Path(directory) / name
+                relative = path.relative_to(base).as_posix()
+                key = f"{clean}/{relative}" if clean else relative
+                if not name.startswith(".") and self._listable(key, path):
+                    keys.append(key)
+        return sorted(keys)
+
+    def _listable(self, key: str, path: Path) -> bool:
+        # Only a link can lead out: the walk starts inside the root and enters no linked directory.
+        if path.is_symlink():
+            try:
+                self._path(key)
+            except UnsafeKeyError as exc:
+                log.warning("tideflow: not listing %s: %s", key, exc)
+                return False
+        return path.is_file()
 
     def delete(self, key: str) -> None:
         path = self._path(key)
         path.unlink(missing_ok=True)
         # Object stores have no directories; do not leave empty ones behind either.
+        real_root = self.root.resolve()
         for parent in path.parents:
-            if parent == self.root or not parent.is_relative_to(self.root):
+            if parent == real_root or not parent.is_relative_to(real_root):
                 break
             try:
                 parent.rmdir()
