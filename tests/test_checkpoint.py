@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import signal
@@ -165,3 +167,75 @@ def test_s3_round_trip_multipart_and_crash_consistency(s3_endpoint: str) -> None
         check=CheckpointManager("s3://tideflow/tests/crash"),
     )
     assert committed > 5
+
+
+def write_v1_manifest(
+    root: Path, step: int, shards: dict[str, bytes], meta: dict[str, object]
+) -> None:
+    """A manifest exactly as the first format wrote it (no completeness record, no digest)."""
+    prefix = f"step-{step:012d}"
+    (root / prefix).mkdir(parents=True)
+    records = []
+    for name, data in sorted(shards.items()):
+        (root / prefix / name).write_bytes(data)
+        digest = hashlib.sha256(data).hexdigest()
+        records.append(
+            {"name": name, "key": f"{prefix}/{name}", "sha256": digest, "size": len(data)}
+        )
+    document = {
+        "format": "tideflow-checkpoint/v1",
+        "step": step,
+        "created_at": time.time(),
+        "shards": records,
+        "metrics": {"loss": 0.5},
+        "meta": meta,
+    }
+    (root / prefix / "MANIFEST.json").write_text(json.dumps(document, sort_keys=True, indent=1))
+
+
+def test_v1_manifests_are_still_read_and_held_to_the_gang_layout(tmp_path: Path) -> None:
+    checkpoints = manager(tmp_path)
+    gang = {"model.pt": b"m", "rank-0.pt": b"r0", "rank-1.pt": b"r1"}
+    write_v1_manifest(tmp_path, 1, gang, {"world_size": 2})
+    write_v1_manifest(tmp_path, 2, {"weights.bin": b"w"}, {})  # not written by a gang
+    write_v1_manifest(tmp_path, 3, {"model.pt": b"m", "rank-0.pt": b"r0"}, {"world_size": 2})
+    assert [m.step for m in checkpoints.committed()] == [1, 2]
+    latest = checkpoints.latest()
+    assert latest is not None and latest.step == 2 and latest.world_size is None
+    assert checkpoints.load(1).world_size == 2
+    with pytest.raises(CorruptCheckpointError, match=r"lacks shard\(s\) \['rank-1.pt'\]"):
+        checkpoints.load(3)
+
+
+def test_commit_never_writes_a_manifest_readers_would_refuse(tmp_path: Path) -> None:
+    checkpoints = manager(tmp_path)
+    model = checkpoints.write_shard(4, "model.pt", b"m")
+    rank_0 = checkpoints.write_shard(4, "rank-0.pt", b"r0")
+    elsewhere = checkpoints.write_shard(3, "rank-1.pt", b"r1")
+    for shards, world_size, reason in [
+        ([], None, "at least one shard"),
+        ([model, rank_0], 2, r"lacks shard\(s\) \['rank-1.pt'\]"),
+        ([model, rank_0, elsewhere], None, "not this step's"),
+    ]:
+        with pytest.raises(CheckpointError, match=reason):
+            checkpoints.commit(4, shards, world_size=world_size)
+    assert not (tmp_path / "step-000000000004" / "MANIFEST.json").exists()
+    committed = checkpoints.commit(4, [model, rank_0], world_size=1)
+    assert committed.world_size == 1 and checkpoints.load(4) == committed
+
+
+def test_latest_names_the_reason_it_skips_a_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpoints = manager(tmp_path)
+    checkpoints.save(1, {"model.pt": b"one"}, metrics={"loss": 0.9})
+    checkpoints.save(2, {"model.pt": b"two"}, metrics={"loss": 0.8})
+    manifest = tmp_path / "step-000000000002" / "MANIFEST.json"
+    manifest.write_text(manifest.read_text().replace("0.8", "0.1"))  # a better loss, by hand
+    latest = checkpoints.latest()
+    assert latest is not None and latest.step == 1
+    assert "skipping checkpoint step 2" in caplog.text and "body_sha256" in caplog.text
+    with pytest.raises(CorruptCheckpointError, match="edited after it was written"):
+        checkpoints.load(2)
+    with pytest.raises(CheckpointError, match="no committed checkpoint at step 7"):
+        checkpoints.load(7)

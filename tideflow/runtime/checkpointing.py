@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from tideflow.checkpoint import CheckpointManager, Manifest, ShardRecord
-from tideflow.checkpoint.manifest import step_prefix
+from tideflow.checkpoint.manifest import MODEL_SHARD, rank_shard, step_prefix
 from tideflow.runtime.distributed import DistInfo
 
 log = logging.getLogger("tideflow.runtime")
@@ -119,14 +119,15 @@ class AsyncCheckpointer:
         self, step: int, shared: Any, mine: Any, metrics: dict[str, float], meta: dict[str, Any]
     ) -> None:
         try:
-            record = self.manager.write_shard(step, f"rank-{self.dist.rank}.pt", _serialise(mine))
+            record = self.manager.write_shard(step, rank_shard(self.dist.rank), _serialise(mine))
             self._put_receipt(step, record)
             if not self.dist.is_main:
                 return
-            records = [self.manager.write_shard(step, "model.pt", _serialise(shared))]
+            records = [self.manager.write_shard(step, MODEL_SHARD, _serialise(shared))]
             records += self._collect_receipts(step)
+            world_size = self.dist.world_size
             manifest = self.manager.commit(
-                step, records, metrics, {**meta, "world_size": self.dist.world_size}
+                step, records, metrics, {**meta, "world_size": world_size}, world_size=world_size
             )
             self.last_committed = manifest
             protect = [] if self.resumed_from is None else [self.resumed_from]
@@ -191,27 +192,39 @@ class AsyncCheckpointer:
 
         A checkpoint written by a different number of ranks is refused unless
         the gang is ``elastic``; then a rank the checkpoint has no shard for
-        gets an empty state (it starts its own RNG stream).
+        gets an empty state (it starts its own RNG stream). A checkpoint that
+        lacks a shard the gang would load is skipped for an older one.
         """
-        manifest = self.manager.latest()
+        manifest = self.manager.latest(require=self._resume_problems)
         if manifest is None:
             return None
-        written_by = int(manifest.meta.get("world_size", self.dist.world_size))
+        written_by = self._written_by(manifest)
         if written_by != self.dist.world_size and not elastic:
             raise RuntimeError(
                 f"checkpoint step {manifest.step} was written by "
-                f"{manifest.meta.get('world_size')} ranks, this gang has "
-                f"{self.dist.world_size}"
+                f"{written_by} ranks, this gang has {self.dist.world_size}"
             )
-        shared = _load(self.manager.read_shard(manifest, "model.pt"))
+        shared = _load(self.manager.read_shard(manifest, MODEL_SHARD))
         mine = (
-            _load(self.manager.read_shard(manifest, f"rank-{self.dist.rank}.pt"))
+            _load(self.manager.read_shard(manifest, rank_shard(self.dist.rank)))
             if self.dist.rank < written_by
             else {}
         )
         self.resumed_from = manifest.step
         self.last_committed = manifest
         return manifest.step, shared, mine
+
+    def _written_by(self, manifest: Manifest) -> int:
+        # A checkpoint saved without a gang is read as if this gang had written it.
+        return self.dist.world_size if manifest.world_size is None else manifest.world_size
+
+    def _resume_problems(self, manifest: Manifest) -> list[str]:
+        """The shards this rank would load that ``manifest`` lacks, as problems."""
+        needed = [MODEL_SHARD]
+        if self.dist.rank < self._written_by(manifest):
+            needed.append(rank_shard(self.dist.rank))
+        names = {record.name for record in manifest.shards}
+        return [f"it has no shard {name}, needed to resume" for name in needed if name not in names]
 
     def mark_last_good(self) -> int | None:
         """Mark the newest committed checkpoint as the last good one (health stop)."""

@@ -43,19 +43,19 @@ def declared_metrics(
 def find_checkpoint(store: str, step: int | None = None) -> dict[str, Any]:
     """The checkpoint facts of the newest committed checkpoint in ``store`` (or of ``step``).
 
-    "Newest" is the newest whose manifest is committed and whose shards verify,
-    so a half-written checkpoint is never evaluated or promoted.
+    "Newest" is the newest whose manifest is committed and valid and whose
+    shards verify, so a half-written or damaged checkpoint is never evaluated
+    or promoted; a named ``step`` that is not so fails with the reason.
     """
-    from tideflow.checkpoint import CheckpointManager
+    from tideflow.checkpoint import CheckpointError, CheckpointManager
 
     manager = CheckpointManager(store)
-    if step is None:
-        manifest = manager.latest()
-    else:
-        manifest = next((m for m in manager.committed() if m.step == step), None)
+    try:
+        manifest = manager.latest() if step is None else manager.load(step)
+    except CheckpointError as exc:
+        raise StepError(str(exc)) from exc
     if manifest is None:
-        at = "" if step is None else f" at step {step}"
-        raise StepError(f"no committed checkpoint{at} in {store}")
+        raise StepError(f"no committed checkpoint in {store}")
     return {
         "checkpoint": manifest.uri,
         "checkpoint_store": store,
