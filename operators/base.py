@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import jinja2
 from airflow.sdk import BaseOperator, Context
 
 from tideflow.config import Settings
 from tideflow.operators.links import MLFLOW_RUN_URL_KEY, MlflowRunLink
+from tideflow.operators.templating import render_typed, template_env
 from tideflow.steps.context import StepContext
 
 
@@ -26,6 +28,18 @@ class TideflowOperator(BaseOperator):
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.team = team
+
+    # Templates render typed and sandboxed, never literal_eval'd (tideflow.operators.templating)
+    def get_template_env(self, dag: Any = None) -> jinja2.Environment:
+        return template_env()
+
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        # Airflow's task runner passes the DAG's environment; ours compiles templates to
+        # yield values, which the DAG's (sandboxed, text) environment cannot.
+        super().render_template_fields(context, template_env())
+
+    def _render(self, template: Any, context: Any, dag: Any = None) -> Any:
+        return render_typed(template, context)
 
     def step_context(self, context: Context, outputs: tuple[str, ...] = ()) -> StepContext:
         settings = Settings.from_env()

@@ -27,3 +27,8 @@ def report_device(ctx: StepContext, **args: object) -> dict[str, float | str]:
         f"cuda {os.environ.get('CUDA_VISIBLE_DEVICES')!r}"
     )
     return {"accuracy": 0.5, "loss": 1.0}
+
+
+def report_types(ctx: StepContext, **args: object) -> dict[str, str]:
+    """Outputs each argument as ``type:repr`` so a test can see exactly what arrived."""
+    return {name: f"{type(value).__name__}:{value!r}" for name, value in args.items()}

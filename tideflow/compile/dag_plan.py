@@ -8,6 +8,7 @@ decisions here means they are tested, and golden-filed, without Airflow.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,7 +53,23 @@ class ParamPlan:
             kwargs["maximum"] = self.maximum
         if self.enum is not None:
             kwargs["enum"] = list(self.enum)
+        if self.type == "number":  # an "integer" is never NaN or infinite already
+            kwargs["not"] = NON_FINITE
         return kwargs
+
+
+_LARGEST = sys.float_info.max
+# JSON Schema has no "finite" keyword, and NaN passes every minimum and maximum
+# (each comparison is false). A number matches one of these branches only if it
+# is NaN, +inf or -inf, so "not" this refuses exactly the non-finite numbers that
+# Python's JSON (the REST API's conf) accepts.
+NON_FINITE = {
+    "anyOf": [
+        {"type": "number", "minimum": _LARGEST, "maximum": -_LARGEST},  # NaN
+        {"type": "number", "exclusiveMinimum": _LARGEST},  # +inf
+        {"type": "number", "exclusiveMaximum": -_LARGEST},  # -inf
+    ]
+}
 
 
 @dataclass(frozen=True)

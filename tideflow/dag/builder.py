@@ -110,8 +110,10 @@ def build_dag(plan: DagPlan, source: Path | None = None) -> DAG:
         tags=list(plan.tags),
         params={name: Param(p.default, **p.param_kwargs()) for name, p in plan.params.items()},
         default_args={"owner": ", ".join(plan.owners) or plan.team},
-        # Jinja renders '{{ params.seed }}' to the int 42, not the string "42".
-        render_template_as_native_obj=True,
+        # Airflow's native rendering literal_evals every string (a string param "[1, 2]"
+        # would arrive as a list); tideflow's operators render typed themselves
+        # (tideflow.operators.templating): '{{ params.seed }}' still reaches them as 42.
+        render_template_as_native_obj=False,
         doc_md=doc,
         on_success_callback=pipeline_run_succeeded,
         on_failure_callback=pipeline_run_failed,

@@ -8,6 +8,7 @@ so that they can run even when some step fails its own validation.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from croniter import croniter
@@ -86,6 +87,14 @@ class ParamSpec(SpecModel):
         default=None, description="The choices of an 'enum' parameter."
     )
 
+    @field_validator("minimum", "maximum")
+    @classmethod
+    def _finite_bound(cls, value: float | None) -> float | None:
+        # NaN would pass every comparison with it, and an infinite bound is no bound
+        if value is not None and not math.isfinite(value):
+            raise fail(f"{value} is not a finite number", "a finite bound, or none")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> ParamSpec:
         numeric = self.type in ("int", "float")
@@ -125,6 +134,8 @@ class ParamSpec(SpecModel):
             raise fail(f"default {value!r} is not a {self.type}", f"a {self.type} value")
         if not isinstance(value, (int, float)):
             return
+        if not math.isfinite(value):
+            raise fail(f"default {value} is not a finite number", f"a finite {self.type}")
         if self.minimum is not None and value < self.minimum:
             raise fail(
                 f"default {value} is below minimum {self.minimum}", f"a default >= {self.minimum}"

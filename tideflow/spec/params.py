@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tideflow.spec.models import ParamSpec, PipelineSpec
@@ -39,6 +40,10 @@ def _coerce(name: str, spec: ParamSpec, text: str) -> Any:
         if isinstance(exc, ParamValueError):
             raise
         raise ParamValueError(f"param '{name}': {text!r} is not a valid {spec.type}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ParamValueError(
+            f"param '{name}': {text!r} is not a finite number; a float such as 0.5 or 1e-3"
+        )
     if spec.minimum is not None and value < spec.minimum:
         raise ParamValueError(f"param '{name}': {value} is below its minimum {spec.minimum}")
     if spec.maximum is not None and value > spec.maximum:
