@@ -173,7 +173,7 @@ class GangTrainingOperator(TideflowOperator):
 
         ledger_path, state_dir, _ = self._paths()
         ctx = self.step_context(context)
-        store = self.checkpoint.get("store") or f"{ctx.artifact_root}/{ctx.run_prefix}/checkpoints"
+        store = self._checkpoint_store(ctx)
         env = {**{k: str(v) for k, v in self.env.items()}, **checkpoint_env(self.checkpoint, store)}
         env.update(self._tracking_env(context, ctx))
         if lease.min_workers is not None:  # elastic: it may resume on another worker count
@@ -220,7 +220,7 @@ class GangTrainingOperator(TideflowOperator):
                 "(a list such as [python, -m, my.module])"
             )
         ctx = self.step_context(context)
-        store = self.checkpoint.get("store") or f"{ctx.artifact_root}/{ctx.run_prefix}/checkpoints"
+        store = self._checkpoint_store(ctx)
         env = {**{k: str(v) for k, v in self.env.items()}, **checkpoint_env(self.checkpoint, store)}
         env["TIDEFLOW_GANG_ID"] = gang_id
         env.update(self._tracking_env(context, ctx))
@@ -353,9 +353,22 @@ class GangTrainingOperator(TideflowOperator):
             f"tideflow: gang {status.state}: {status.message} (restarts: {status.restarts})"
         )
 
+    def _checkpoint_store(self, ctx: Any) -> str:
+        """The gang's own store, under a root its team may use (tideflow.storage.roots)."""
+        from tideflow.config import Settings
+        from tideflow.storage.roots import StoreRootError, check_root, gang_store
+
+        root = self.checkpoint.get("store") or None
+        if root:  # checked at validation too, unless it was a template until now
+            try:
+                check_root(root, self.team, Settings.from_env().checkpoint_roots_for(self.team))
+            except StoreRootError as exc:
+                raise AirflowFailException(f"tideflow: step '{self.task_id}': {exc}") from None
+        return gang_store(root, ctx.artifact_root, ctx.run_prefix)
+
     def _outputs(self, context: Context, status: Any) -> dict[str, Any]:
         ctx = self.step_context(context)
-        store = self.checkpoint.get("store") or f"{ctx.artifact_root}/{ctx.run_prefix}/checkpoints"
+        store = self._checkpoint_store(ctx)
         outputs: dict[str, Any] = {
             "checkpoint_store": store,
             "restarts": status.restarts,

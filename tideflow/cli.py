@@ -40,9 +40,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             return 1
         files.extend(found)
     failed = 0
+    roots = Settings.from_env().checkpoint_roots_for
     for file in files:
         try:
-            load_pipeline(file, inventory)
+            load_pipeline(file, inventory, roots)
         except SpecError as exc:
             failed += 1
             print(exc, file=sys.stderr)

@@ -35,6 +35,9 @@ class Settings:
     # Where gang steps run: "local" (processes on this machine, the lease
     # ledger) or "kubernetes" (a Volcano Job or a Kueue JobSet; TIDEFLOW_K8S_*).
     backend: str = "local"
+    # Store roots besides the artifact root that checkpoints may go under:
+    # "s3://shared/ckpt,vision=s3://vision/ckpt" (tideflow.storage.roots).
+    checkpoint_roots: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -49,7 +52,14 @@ class Settings:
             ).rstrip("/"),
             mlflow_tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
             backend=_backend(),
+            checkpoint_roots=os.environ.get("TIDEFLOW_CHECKPOINT_ROOTS", ""),
         )
+
+    def checkpoint_roots_for(self, team: str) -> tuple[str, ...]:
+        """The store roots ``team``'s gangs may keep checkpoints under."""
+        from tideflow.storage.roots import declared_roots
+
+        return (self.artifact_root, *declared_roots(self.checkpoint_roots, team))
 
     # State shared by every Airflow process (and the broker) on one installation.
     @property

@@ -39,9 +39,10 @@ def load_dags(pipelines_dir: Path, inventory: Inventory | None = None) -> LoadRe
 
     result = LoadResult()
     owners: dict[str, Path] = {}
+    roots = Settings.from_env().checkpoint_roots_for
     for path in find_pipelines(pipelines_dir):
         try:
-            spec = load_pipeline(path, inventory)
+            spec = load_pipeline(path, inventory, roots)
             name = spec.metadata.name
             if name in owners:
                 raise SpecError(

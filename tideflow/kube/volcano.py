@@ -28,6 +28,7 @@ from tideflow.kube.pods import (
     restricted,
 )
 from tideflow.storage import safe_segment
+from tideflow.storage.roots import gang_store
 
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
 EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
@@ -108,8 +109,8 @@ def gang_shape(
     gang_id = f"{plan.dag_id}/{run_id}/{task.task_id}"
     # The same name and store as the operator gives the gang at run time.
     run_prefix = "/".join(safe_segment(part) for part in (plan.dag_id, run_id, task.task_id))
-    store = (config.get("checkpoint") or {}).get("store") or (
-        f"{settings.artifact_root}/{run_prefix}/checkpoints"
+    store = gang_store(
+        (config.get("checkpoint") or {}).get("store"), settings.artifact_root, run_prefix
     )
     env = {
         "TIDEFLOW_CHECKPOINT_URI": store,

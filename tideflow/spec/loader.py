@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -12,7 +13,8 @@ from tideflow.spec.checks import cross_step_issues
 from tideflow.spec.errors import SpecError, SpecIssue
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.report import issues_from_validation
-from tideflow.spec.yamlpos import LIMITS, load_yaml, too_large
+from tideflow.spec.yamlpos import LIMITS, Positions, format_path, load_yaml, too_large
+from tideflow.storage.roots import StoreRootError, check_root
 
 if TYPE_CHECKING:  # the inventory module builds on the spec package, not the reverse
     from tideflow.inventory import Inventory
@@ -45,8 +47,21 @@ def _read(path: Path) -> tuple[str | None, list[SpecIssue]]:
         return None, [SpecIssue(shown, 1, 1, "", f"cannot read file: {exc}", "a UTF-8 text file")]
 
 
-def parse_model(text: str, file: str, model: type[M], inventory: Inventory | None = None) -> M:
-    """Validate ``text`` as ``model``; raise ``SpecError`` with all problems found."""
+StoreRoots = Callable[[str], Sequence[str]]  # team -> the checkpoint store roots it may use
+
+
+def parse_model(
+    text: str,
+    file: str,
+    model: type[M],
+    inventory: Inventory | None = None,
+    store_roots: StoreRoots | None = None,
+) -> M:
+    """Validate ``text`` as ``model``; raise ``SpecError`` with all problems found.
+
+    ``inventory`` enables the gang-fit check, ``store_roots`` the check that
+    each gang's checkpoint store is under a root its team may use.
+    """
     loaded = load_yaml(text, file)
     issues = list(loaded.issues)
     if loaded.data is None and not issues:
@@ -62,18 +77,53 @@ def parse_model(text: str, file: str, model: type[M], inventory: Inventory | Non
         issues.extend(issues_from_validation(exc, model, file, loaded.positions))
     if model is PipelineSpec:
         issues.extend(cross_step_issues(loaded.data, file, loaded.positions, inventory))
+    if isinstance(result, PipelineSpec) and store_roots is not None:
+        issues.extend(_store_issues(result, file, loaded.positions, store_roots))
     if issues or result is None:
         raise SpecError(file, issues)
     return result
 
 
-def load_pipeline(path: str | os.PathLike[str], inventory: Inventory | None = None) -> PipelineSpec:
-    """Load and validate a pipeline file; ``inventory`` enables the gang-fit check."""
+def _store_issues(
+    spec: PipelineSpec, file: str, positions: Positions, store_roots: StoreRoots
+) -> list[SpecIssue]:
+    issues = []
+    allowed = list(store_roots(spec.metadata.team))
+    for index, step in enumerate(spec.steps):
+        store = step.gang_training.checkpoint.store if step.gang_training else None
+        if store is None or "{{" in store:  # a templated root is checked when the gang starts
+            continue
+        try:
+            check_root(store, spec.metadata.team, allowed)
+        except StoreRootError as exc:
+            path = ("steps", index, "gang_training", "checkpoint", "store")
+            line, col = positions.of_value(path)
+            issues.append(
+                SpecIssue(
+                    file,
+                    line,
+                    col,
+                    format_path(path),
+                    str(exc).split("; ", 1)[0],
+                    "a root under "
+                    + (" or ".join(allowed) or "the artifact root")
+                    + ", or no store (the artifact root)",
+                )
+            )
+    return issues
+
+
+def load_pipeline(
+    path: str | os.PathLike[str],
+    inventory: Inventory | None = None,
+    store_roots: StoreRoots | None = None,
+) -> PipelineSpec:
+    """Load and validate a pipeline file (the checks ``parse_model`` documents)."""
     file = Path(path)
     text, issues = _read(file)
     if text is None:
         raise SpecError(display_path(file), issues)
-    return parse_model(text, display_path(file), PipelineSpec, inventory)
+    return parse_model(text, display_path(file), PipelineSpec, inventory, store_roots)
 
 
 def load_cluster(path: str | os.PathLike[str]) -> Inventory:
