@@ -197,7 +197,11 @@ class KeepBest(SpecModel):
 class CheckpointPolicy(SpecModel):
     store: str | None = Field(
         default=None,
-        description="file:// or s3:// URI; defaults to the platform's artifact root.",
+        description=(
+            "A root (file:// or s3://) the gang's checkpoints go under, as "
+            "<root>/<pipeline>/<run>/<step>/checkpoints; the artifact root or one "
+            "TIDEFLOW_CHECKPOINT_ROOTS declares for the team. Defaults to the artifact root."
+        ),
     )
     every_steps: templated_int(ge=1) | None = None  # type: ignore[valid-type]
     every_seconds: DurationSeconds | None = None
