@@ -85,6 +85,22 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def mlflow_url(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow server (the stack's own start_mlflow) on the session's SeaweedFS."""
+    from tideflow.stack.processes import stop_group
+    from tideflow.stack.services import Service, StackState, start_mlflow
+
+    state = StackState(
+        str(tmp_path_factory.mktemp("mlflow")), services={"s3": Service("s3", 0, s3_endpoint, "")}
+    )
+    service = start_mlflow(state)
+    try:
+        yield service.url
+    finally:
+        stop_group(service.pid)
+
+
+@pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The whole local stack (S3, MLflow, `airflow standalone`) for one test module.
 

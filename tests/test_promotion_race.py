@@ -69,21 +69,6 @@ def _attempt(model: str, worker: int, runs: list[str], env: dict[str, str], sync
             out.put((round_index, worker, None, repr(exc)))
 
 
-@pytest.fixture(scope="module")
-def mlflow_url(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from tideflow.stack.processes import stop_group
-    from tideflow.stack.services import Service, StackState, start_mlflow
-
-    state = StackState(
-        str(tmp_path_factory.mktemp("mlflow")), services={"s3": Service("s3", 0, s3_endpoint, "")}
-    )
-    service = start_mlflow(state)
-    try:
-        yield service.url
-    finally:
-        stop_group(service.pid)
-
-
 def test_parallel_promotions_register_one_version_per_run(
     mlflow_url: str, s3_endpoint: str, tmp_path: Path
 ) -> None:

@@ -81,22 +81,6 @@ class Page:
         return str(answer.text)
 
 
-@pytest.fixture(scope="module")
-def mlflow_url(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real MLflow server (the stack's own start_mlflow) on the session's SeaweedFS."""
-    from tideflow.stack.processes import stop_group
-    from tideflow.stack.services import Service, StackState, start_mlflow
-
-    state = StackState(
-        str(tmp_path_factory.mktemp("mlflow")), services={"s3": Service("s3", 0, s3_endpoint, "")}
-    )
-    service = start_mlflow(state)
-    try:
-        yield service.url
-    finally:
-        stop_group(service.pid)
-
-
 def _pipelines(repo: Path, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     source = (repo / "pipelines" / "digits.yaml").read_text()
