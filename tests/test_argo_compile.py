@@ -276,7 +276,7 @@ def test_gang_step_is_a_volcano_job_resource(digits: dict[str, Any]) -> None:
     spec = job["spec"]
     assert spec["minAvailable"] == 2 and spec["tasks"][0]["replicas"] == 2
     assert volcano_job(digits, workers=1)["spec"]["minAvailable"] == 1
-    assert spec["queue"] == "vision" and spec["maxRetry"] == 2
+    assert spec["queue"] == "vision" and spec["maxRetry"] == 3  # 2 restarts
     # One Job per attempt, all of them resuming from the run's own checkpoint store.
     assert job["metadata"]["name"] == "digits-x7k2p-train-0"
     (container,) = spec["tasks"][0]["template"]["spec"]["containers"]

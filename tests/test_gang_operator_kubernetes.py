@@ -181,7 +181,7 @@ def test_gang_step_becomes_one_volcano_job_and_the_task_follows_it(
     assert len(cluster.posts) == 1 and cluster.posts[0].endswith("/jobs")
     (job,) = cluster.objects.values()
     spec = job["spec"]
-    assert spec["minAvailable"] == 4 and spec["queue"] == "vision" and spec["maxRetry"] == 2
+    assert spec["minAvailable"] == 4 and spec["queue"] == "vision" and spec["maxRetry"] == 3
     pod = spec["tasks"][0]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "registry.example.com/vision/train:7"

@@ -67,15 +67,18 @@ def test_gang_is_one_indexed_job_restarted_whole_and_queued_by_team(repo: Path) 
     spec = obj["spec"]
     assert set(spec) <= JOBSET_SPEC_FIELDS
     assert spec["failurePolicy"]["maxRestarts"] == 2  # the step's max_restarts
-    (rule,) = spec["failurePolicy"]["rules"]
-    assert rule["action"] == "FailJobSet" and rule["onJobFailureReasons"] == ["PodFailurePolicy"]
+    unhealthy, preempted = spec["failurePolicy"]["rules"]
+    assert unhealthy["action"] == "FailJobSet"
+    assert unhealthy["onJobFailureReasons"] == ["PodFailurePolicy"]
+    assert preempted["action"] == "RestartJobSetAndIgnoreMaxRestarts"
     assert spec["network"] == {"enableDNSHostnames": True, "subdomain": name}
     job = replicated_job(obj)["spec"]
     assert job["completionMode"] == "Indexed"
     assert job["parallelism"] == job["completions"] == 2
     assert job["backoffLimit"] == 0  # one failed pod fails the Job, so JobSet restarts all
-    (policy,) = job["podFailurePolicy"]["rules"]
-    assert policy["action"] == "FailJob" and policy["onExitCodes"]["values"] == [76]
+    exit_76, disrupted = job["podFailurePolicy"]["rules"]
+    assert exit_76["action"] == "FailJob" and exit_76["onExitCodes"]["values"] == [76]
+    assert disrupted["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
     pod = job["template"]["spec"]
     assert pod["priorityClassName"] == "tideflow-training"
     (container,) = pod["containers"]

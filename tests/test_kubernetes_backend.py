@@ -111,7 +111,7 @@ def test_submit_creates_one_volcano_job_and_follows_its_state(
     (name,) = api.jobs
     job = api.jobs[name]
     assert job["spec"]["minAvailable"] == 4 and job["spec"]["queue"] == "vision"
-    assert job["spec"]["maxRetry"] == 2
+    assert job["spec"]["maxRetry"] == 3  # 2 restarts, as Volcano counts
     pod = job["spec"]["tasks"][0]["template"]["spec"]
     assert pod["nodeSelector"] == {
         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",  # the short name, mapped

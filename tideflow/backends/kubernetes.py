@@ -101,7 +101,7 @@ class KubernetesBackend:
         self.kind = gang_kind(settings.gang_scheduler)
 
     def job_name(self, gang_id: str) -> str:
-        return gang_object_name(gang_id)
+        return gang_object_name(gang_id, self.settings.gang_scheduler)
 
     def manifest(self, job: GangJob) -> dict[str, Any]:
         per_worker = max((len(s.devices) for s in job.slots), default=1) or 1
@@ -211,7 +211,7 @@ async def follow(
     kind = gang_kind(settings.gang_scheduler)
     custom = client.CustomObjectsApi(api_client)
     where = (kind.group, kind.version, settings.namespace, kind.plural)
-    selector = f"metadata.name={gang_object_name(gang_id)}"
+    selector = f"metadata.name={gang_object_name(gang_id, settings.gang_scheduler)}"
     loop = asyncio.get_running_loop()
     until = loop.time() + timeout_s
     while loop.time() < until:

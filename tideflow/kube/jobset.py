@@ -11,7 +11,9 @@ collective). So a gang is one JobSet with one replicated Job:
   (``failurePolicy.maxRestarts`` = the step's ``max_restarts``); workers resume
   from the newest committed checkpoint;
 * exit 76 (the training-health guard) matches a pod failure policy rule, and
-  the JobSet fails at once instead of restarting a diverging run;
+  the JobSet fails at once instead of restarting a diverging run; a pod that
+  is evicted or preempted (``DisruptionTarget``) matches another, and the
+  JobSet restarts without counting it against ``maxRestarts``;
 * ``network.enableDNSHostnames`` gives worker 0 a stable host name for
   ``MASTER_ADDR``;
 * the ``kueue.x-k8s.io/queue-name`` label names the team's LocalQueue; the pods'
@@ -58,6 +60,7 @@ def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[
         "backoffLimit": 0,
         "podFailurePolicy": {
             "rules": [
+                # Rule 0: the health guard's exit fails the Job at once ...
                 {
                     "action": "FailJob",
                     "onExitCodes": {
@@ -65,7 +68,13 @@ def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[
                         "operator": "In",
                         "values": [EXIT_UNHEALTHY],
                     },
-                }
+                },
+                # ... rule 1: a pod evicted or preempted (Kueue, the broker, a drained
+                # node) carries the DisruptionTarget condition.
+                {
+                    "action": "FailJob",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                },
             ]
         },
         "template": {"metadata": {"labels": {**labels, **MLFLOW_CLIENT_LABELS}}, "spec": pod_spec},
@@ -83,14 +92,27 @@ def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[
             "successPolicy": {"operator": "All"},
             "failurePolicy": {
                 "maxRestarts": shape.max_restarts,
+                # The first rule whose reason and message pattern match the failed Job
+                # applies; no match restarts the gang and counts against maxRestarts
+                # (jobset site/content/en/docs/tasks/failure_policy.md). A Job failed by
+                # a pod failure policy rule says which rule in its message (batch/v1
+                # Job controller: "... matching FailJob rule at index N").
                 "rules": [
-                    # Only the health guard's exit matches the pod failure policy;
-                    # every other failure (eviction, preemption, a crash) restarts.
                     {
-                        "name": "unhealthy-training",
+                        "name": "unhealthyTraining",
                         "action": "FailJobSet",
                         "onJobFailureReasons": ["PodFailurePolicy"],
-                    }
+                        "onJobFailureMessagePatterns": [".*FailJob rule at index 0.*"],
+                    },
+                    # A preemption restarts the gang from its checkpoint without using up
+                    # a restart, as upstream's host-maintenance example does
+                    # (site/static/examples/failure-policy/host-maintenance-event-model.yaml).
+                    {
+                        "name": "preempted",
+                        "action": "RestartJobSetAndIgnoreMaxRestarts",
+                        "onJobFailureReasons": ["PodFailurePolicy"],
+                        "onJobFailureMessagePatterns": [".*FailJob rule at index 1.*"],
+                    },
                 ],
             },
             "replicatedJobs": [

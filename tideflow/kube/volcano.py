@@ -1,10 +1,11 @@
 """A gang step as a Volcano Job: all workers or none (``minAvailable`` = workers).
 
 * ``queue`` is the team; ``priorityClassName`` maps the step's priority.
-* Policies: an evicted or failed pod restarts the whole gang from its newest
-  checkpoint (``RestartJob``, at most ``max_restarts`` times); exit 75 (preempted
-  after a checkpoint) restarts it too; exit 76 (the training-health guard)
-  stops it without retrying; the job completes when the workers do.
+* Policies: exit 76 (the training-health guard) stops the gang without retrying;
+  an evicted or failed pod, or exit 75 (preempted after a checkpoint), restarts
+  the whole gang from its newest checkpoint (``RestartJob``, at most
+  ``max_restarts`` times: ``maxRetry`` is one more, as Volcano counts); the job
+  completes when the workers do.
 * The ``svc`` and ``env`` plugins give rendezvous: worker 0's stable host name is
   ``MASTER_ADDR``, and each worker's index (``VC_TASK_INDEX``) is its rank.
 * Pods meet the "restricted" Pod Security Standard, get a termination grace
@@ -124,7 +125,7 @@ def gang_shape(
         "tideflow.io/run": dns_label(run_id),
     }
     shape = GangShape(
-        name=gang_object_name(gang_id),
+        name=gang_object_name(gang_id, settings.gang_scheduler),
         labels=labels,
         command=[str(part) for part in entrypoint],
         env=env,
@@ -204,6 +205,19 @@ def gang_pod_spec(shape: GangShape, settings: KubeSettings, *, master_addr: str)
     return placement(shape.device_class, settings).apply(pod_spec)
 
 
+def volcano_max_retry(max_restarts: int) -> int:
+    """``maxRetry`` for ``max_restarts`` whole-gang restarts.
+
+    Each RestartJob increments ``status.retryCount`` and the job fails when a restart
+    finds it at ``maxRetry`` (volcano pkg/controllers/job/state/running.go,
+    restarting.go; test/e2e/jobp/job_restart.go: maxRetry 2 ends at retryCount 2), so
+    N allows N - 1 restarts. 0 would be defaulted to 3 by the mutating webhook
+    (webhooks/admission/jobs/mutate/mutate_job.go patchDefaultMaxRetry); N + 1 is
+    never 0.
+    """
+    return max_restarts + 1
+
+
 def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[str, Any]:
     """The Volcano Job for a gang of ``shape.workers`` pods, all or none."""
     name = shape.name
@@ -220,13 +234,18 @@ def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> 
             "minAvailable": shape.workers,
             "queue": dns_label(shape.team),
             "priorityClassName": settings.priority_class(shape.priority),
-            "maxRetry": shape.max_restarts,
+            "maxRetry": volcano_max_retry(shape.max_restarts),
             "plugins": {"svc": [], "env": []},
+            # Volcano applies the first policy that matches, checking each policy's event
+            # before its exit code, and a failed pod's request carries both PodFailed and
+            # the exit code (volcano pkg/controllers/job/job_controller_util.go
+            # applyPolicies): the exit-code policies must come first, or PodFailed ->
+            # RestartJob would restart a run the health guard stopped.
             "policies": [
+                {"exitCode": EXIT_UNHEALTHY, "action": "TerminateJob"},
+                {"exitCode": EXIT_PREEMPTED, "action": "RestartJob"},
                 {"event": "PodEvicted", "action": "RestartJob"},
                 {"event": "PodFailed", "action": "RestartJob"},
-                {"exitCode": EXIT_PREEMPTED, "action": "RestartJob"},
-                {"exitCode": EXIT_UNHEALTHY, "action": "TerminateJob"},
                 {"event": "TaskCompleted", "action": "CompleteJob"},
             ],
             "tasks": [
