@@ -663,8 +663,9 @@ class _Compiler:
             for variable in container["env"]:
                 if variable["name"] == "WORLD_SIZE":
                     variable["value"] = workers.expression
-        if restarts.expression:
-            spec["maxRetry"] = ArgoInt(restarts.expression)
+        if restarts.expression:  # maxRetry is one more than the restarts (volcano_max_retry)
+            parameter = restarts.expression.removeprefix("{{").removesuffix("}}")
+            spec["maxRetry"] = ArgoInt(f"{{{{=asInt({parameter}) + 1}}}}")
         if per_worker.expression:
             resource = DEVICE_RESOURCES.get(device_class, "cpu")
             for section in container["resources"].values():
