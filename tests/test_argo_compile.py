@@ -318,6 +318,25 @@ def test_gang_size_must_be_a_number_or_an_int_param(tmp_path: Path) -> None:
     )
 
 
+def test_a_restart_count_set_by_a_parameter_gets_volcanos_one_extra_retry(tmp_path: Path) -> None:
+    """Volcano's maxRetry N allows N - 1 restarts (tideflow.kube.volcano.volcano_max_retry)."""
+    path = write(
+        tmp_path,
+        pipeline(
+            """\
+            - name: train
+              gang_training:
+                entrypoint: [python, -m, my.train]
+                workers: 2
+                max_restarts: "{{ params.seed }}"
+            """
+        ),
+    )
+    workflow = yaml.safe_load(compile_pipeline(path, settings=KubeSettings())[1])
+    manifest = templates(workflow)["train"]["resource"]["manifest"]
+    assert "maxRetry: {{=asInt(workflow.parameters.seed) + 1}}" in manifest
+
+
 # -- pods ---------------------------------------------------------------------------------------
 
 
