@@ -64,15 +64,23 @@ def artifact_root() -> Path:
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real SeaweedFS S3 server on 127.0.0.1 (buckets: tideflow, mlflow), for this session.
 
-    boto3 is pointed at it through its own environment variables, as users do.
+    boto3 is pointed at it through its own environment variables, as users do,
+    with the credentials the server generated (it refuses anonymous requests).
     """
     from tideflow.stack.processes import stop_group
-    from tideflow.stack.services import LOCAL_S3_CREDENTIALS, StackState, start_s3
+    from tideflow.stack.services import StackState, start_s3
 
     state = StackState(str(tmp_path_factory.mktemp("s3")))
     service = start_s3(state)
-    previous = {k: os.environ.get(k) for k in (*LOCAL_S3_CREDENTIALS, "AWS_ENDPOINT_URL_S3")}
-    os.environ.update({**LOCAL_S3_CREDENTIALS, "AWS_ENDPOINT_URL_S3": service.url})
+    state.services["s3"] = service
+    env = state.client_env()
+    exported = {
+        key: env[key]
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    }
+    exported["AWS_ENDPOINT_URL_S3"] = service.url
+    previous = {k: os.environ.get(k) for k in exported}
+    os.environ.update(exported)
     try:
         yield service.url
     finally:
@@ -102,7 +110,7 @@ def mlflow_url(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The whole local stack (S3, MLflow, `airflow standalone`) for one test module.
+    """The whole local stack (S3, MLflow, Airflow's components) for one test module.
 
     Every process group it started is stopped at the end, and checked to be gone.
     """

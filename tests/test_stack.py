@@ -1,4 +1,4 @@
-"""The local stack end to end: real SeaweedFS, MLflow and `airflow standalone` on 127.0.0.1.
+"""The local stack end to end: real SeaweedFS, MLflow and Airflow's components on 127.0.0.1.
 
 Starts everything in a temporary TIDEFLOW_HOME, triggers the `digits` pipeline
 through Airflow's REST API, checks its outputs in S3, and stops every process
@@ -8,6 +8,7 @@ group it started.
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -284,8 +285,215 @@ def test_metrics_logged_during_an_mlflow_outage_arrive_later(
     assert not spool_path(run_id).exists()
 
 
+def test_task_logs_are_read_from_the_log_folder_without_log_servers(stack: StackState) -> None:
+    """The scheduler and triggerer run without their log servers; the UI's logs still come."""
+    assert FIRST_RUN, "runs after test_digits_runs_through_the_rest_api"
+    api = AirflowApi(stack.services["airflow"].url, stack.airflow_user, stack.airflow_password)
+    folder = str(Path(stack.home) / "airflow" / "logs")
+    for task_id in ("prepare-data", "train", "evaluate", "promote"):
+        events = api.task_log("digits", FIRST_RUN[0], task_id)
+        assert any(event.startswith(folder) for event in events), events[:10]
+        assert not any("Could not read served logs" in event for event in events)
+        assert len(events) > 5, events
+
+
 def test_up_is_idempotent(stack: StackState) -> None:
     again = up(Path(stack.home))
     assert {k: v.pid for k, v in again.services.items()} == {
         k: v.pid for k, v in stack.services.items()
     }
+
+
+# --- what the stack exposes: files, listeners, credentials ---------------------------------
+
+SECRET_FILES = ("stack.json", "airflow-passwords.json", "s3-identities.json")
+
+
+def test_files_holding_secrets_are_private_to_the_user(stack: StackState) -> None:
+    home = Path(stack.home)
+    assert home.stat().st_mode & 0o077 == 0, oct(home.stat().st_mode)  # no group/other access
+    for name in SECRET_FILES:
+        mode = (home / name).stat().st_mode & 0o777
+        assert mode == 0o600, f"{name}: {oct(mode)}"
+    assert stack.airflow_password in (home / "stack.json").read_text()  # what needs hiding
+
+
+def test_state_is_written_private_whatever_the_umask(tmp_path: Path) -> None:
+    state = StackState(str(tmp_path / "home"), airflow_password="hunter2")
+    state.path.parent.mkdir()
+    state.path.write_text("{}")  # an older, world-readable file is replaced, not reused
+    state.path.chmod(0o644)
+    old = os.umask(0)
+    try:
+        state.save()
+    finally:
+        os.umask(old)
+    assert state.path.stat().st_mode & 0o777 == 0o600
+    assert StackState.load(Path(state.home)) == state
+    assert [p.name for p in Path(state.home).iterdir()] == ["stack.json"]  # no temp file left
+
+
+def _listening_sockets() -> dict[int, tuple[str, int]]:
+    """Socket inode -> (address, port) of every listening TCP socket, IPv4 and IPv6."""
+    import ipaddress
+
+    found: dict[int, tuple[str, int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A":  # TCP_LISTEN
+                continue
+            hex_address, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_address)
+            # the kernel prints each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found[int(fields[9])] = (str(ipaddress.ip_address(words)), int(hex_port, 16))
+    return found
+
+
+def _stack_listeners(stack: StackState) -> dict[str, list[tuple[str, int, str]]]:
+    """Service -> (address, port, command) of each socket its processes listen on.
+
+    A process belongs to a service when its process group or session is the
+    one the service was started as.
+    """
+    sockets = _listening_sockets()
+    leaders = {service.pid: name for name, service in stack.services.items()}
+    listeners: dict[str, list[tuple[str, int, str]]] = {name: [] for name in stack.services}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fds = list((entry / "fd").iterdir())
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+        except OSError:
+            continue
+        name = leaders.get(int(fields[2])) or leaders.get(int(fields[3]))
+        if name is None:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:[") and int(target[8:-1]) in sockets:
+                address, port = sockets[int(target[8:-1])]
+                listeners[name].append((address, port, command))
+    return listeners
+
+
+def test_every_listener_of_the_stack_is_on_loopback_on_a_port_of_its_own(
+    stack: StackState,
+) -> None:
+    listeners = _stack_listeners(stack)
+    assert all(listeners.values()), listeners  # each service was found listening
+    exposed = [
+        (name, *listener)
+        for name, found in listeners.items()
+        for listener in found
+        if listener[0] not in ("127.0.0.1", "::1")
+    ]
+    assert exposed == []
+    # Fixed default ports would collide with a second stack (a test's beside the
+    # developer's): Airflow's log servers, SeaweedFS's servers, MLflow, the API server.
+    defaults = {8793, 8794, 8181, 9101, 8333, 9333, 8888, 9340, 23646, 7333, 5000, 8080}
+    fixed = [
+        (name, *listener)
+        for name, found in listeners.items()
+        for listener in found
+        if listener[1] in defaults
+    ]
+    assert fixed == []
+
+
+def test_s3_refuses_anonymous_and_wrong_credentials(stack: StackState) -> None:
+    import uuid
+
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    url = stack.services["s3"].url
+    env = stack.client_env()
+    assert env["AWS_SECRET_ACCESS_KEY"] != "tideflow-local"  # generated, not a placeholder
+    key = f"exposure/{uuid.uuid4().hex}"
+
+    def refused(client: Any) -> str:
+        with pytest.raises(ClientError) as caught:
+            client.put_object(Bucket="tideflow", Key=key, Body=b"x")
+        assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        return str(caught.value.response["Error"]["Code"])
+
+    def client(**kwargs: Any) -> Any:
+        return boto3.client("s3", endpoint_url=url, region_name="us-east-1", **kwargs)
+
+    assert refused(client(config=Config(signature_version=UNSIGNED))) == "AccessDenied"
+    wrong_secret = client(
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key="not-the-secret"
+    )
+    assert refused(wrong_secret) == "SignatureDoesNotMatch"
+    unknown_key = client(aws_access_key_id="AKIAUNKNOWN", aws_secret_access_key="whatever")
+    assert refused(unknown_key) == "InvalidAccessKeyId"
+    request = urllib.request.Request(f"{url}/tideflow/{key}", data=b"x", method="PUT")
+    with pytest.raises(urllib.error.HTTPError) as plain:
+        urllib.request.urlopen(request, timeout=30)
+    assert plain.value.code == 403
+    anonymous = client(config=Config(signature_version=UNSIGNED))
+    with pytest.raises(ClientError):
+        anonymous.list_objects_v2(Bucket="tideflow")
+
+    s3 = s3_client(stack)  # the generated credentials work
+    s3.put_object(Bucket="tideflow", Key=key, Body=b"signed")
+    assert s3.get_object(Bucket="tideflow", Key=key)["Body"].read() == b"signed"
+    s3.delete_object(Bucket="tideflow", Key=key)
+
+
+def test_no_port_of_the_s3_server_takes_an_anonymous_write_into_a_bucket(
+    stack: StackState,
+) -> None:
+    """SeaweedFS's filer (and a WebDAV gateway, if any) writes bucket files over plain HTTP."""
+    import http.client
+    import uuid
+
+    from botocore.exceptions import ClientError
+
+    ports = sorted({port for _, port, _ in _stack_listeners(stack)["s3"]})
+    assert len(ports) >= 4, ports
+    s3 = s3_client(stack)
+    for port in ports:
+        key = f"exposure/anonymous-{port}-{uuid.uuid4().hex}"
+        for method in ("PUT", "POST"):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                connection.request(method, f"/buckets/tideflow/{key}", body=b"anonymous")
+                connection.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                pass  # a gRPC port hangs up on HTTP/1.1: nothing written
+            finally:
+                connection.close()
+        with pytest.raises(ClientError) as caught:
+            s3.head_object(Bucket="tideflow", Key=key)
+        assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404, port
+
+
+def test_mlflow_refuses_foreign_host_headers_and_cross_site_writes(stack: StackState) -> None:
+    """MLflow has no login locally (see the README); loopback, Host and Origin checks guard it."""
+    url = stack.services["mlflow"].url
+
+    def create(headers: dict[str, str]) -> int:
+        request = urllib.request.Request(
+            f"{url}/api/2.0/mlflow/experiments/create",
+            method="POST",
+            data=json.dumps({"name": f"cross-site-{time.monotonic_ns()}"}).encode(),
+            headers={"Content-Type": "application/json", **headers},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    assert create({"Host": "attacker.example"}) == 403  # DNS rebinding
+    assert create({"Origin": "https://attacker.example"}) == 403  # a web page's form or fetch

@@ -9,7 +9,15 @@ from pathlib import Path
 
 from tideflow.stack.airflow_api import AirflowApi, AirflowApiError
 from tideflow.stack.processes import StackError, group_alive, stop_group
-from tideflow.stack.services import REPO, StackState, start_airflow, start_mlflow, start_s3
+from tideflow.stack.services import (
+    REPO,
+    S3_IDENTITIES,
+    StackState,
+    private_dir,
+    start_airflow,
+    start_mlflow,
+    start_s3,
+)
 
 ORDER = ("s3", "mlflow", "airflow")
 
@@ -29,6 +37,7 @@ def up(
     home: Path, *, dags_folder: Path = REPO / "dags", pipelines: Path = REPO / "pipelines"
 ) -> StackState:
     """Start whatever is not running yet; idempotent."""
+    private_dir(home)
     state = StackState.load(home) or StackState(str(home))
     state.services = {k: v for k, v in state.services.items() if group_alive(v.pid)}
     try:
@@ -70,6 +79,8 @@ def describe(state: StackState) -> str:
             lines.append(f"  {name:8} {service.url:28} {alive} (log: {service.log})")
     if "airflow" in state.services:
         lines.append(f"  Airflow login: {state.airflow_user} / {state.airflow_password}")
+    if "s3" in state.services:
+        lines.append(f"  S3 credentials: {Path(state.home) / S3_IDENTITIES} (accessKey, secretKey)")
     return "\n".join(lines)
 
 

@@ -123,6 +123,12 @@ class AirflowApi:
         path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links"
         return dict(self._request("GET", path)["extra_links"])
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> list[str]:
+        """The events of one try's log, as the UI shows them (the source details first)."""
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
+        answer = self._request("GET", f"{path}?full_content=true")
+        return [str(line.get("event", "")) for line in answer["content"]]
+
     def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -54,7 +54,7 @@ def start(
 ) -> int:
     """Start ``command`` as the leader of a new session; output goes to ``log_path``.
 
-    A new session matters: `airflow standalone` and `mlflow server` fork
+    A new session matters: Airflow's components and `mlflow server` fork
     workers that ignore their parent's SIGTERM, so stopping means signalling
     the whole process group.
     """

@@ -1,8 +1,15 @@
 """The three servers of the local stack and how each is started.
 
-Everything binds to 127.0.0.1. Ports are free ports picked at start and kept
-in the stack's state file, so a second stack (a test's) can run beside the
-developer's own.
+Everything listens on 127.0.0.1 only. Ports are free ports picked at start and
+kept in the stack's state file, so a second stack (a test's) can run beside
+the developer's own.
+
+The stack's home directory is the user's alone (0700) and every file in it
+that holds a secret is written 0600 from its first byte: the state file (the
+Airflow password), Airflow's passwords file and the S3 server's identities
+(an access key and secret generated per home). The S3 server refuses
+anonymous requests; MLflow has no login locally (it is bound to loopback and
+refuses foreign Host headers and cross-site writes).
 """
 
 from __future__ import annotations
@@ -23,19 +30,87 @@ from tideflow.stack.processes import (
     free_port,
     free_port_pairs,
     start,
+    stop_group,
     tail,
     wait_http,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKETS = ("tideflow", "mlflow")
-# The local S3 server runs without authentication; boto3 still wants some
-# credentials to sign requests. These are placeholders, not secrets.
-LOCAL_S3_CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "tideflow-local",
-    "AWS_SECRET_ACCESS_KEY": "tideflow-local",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
+S3_REGION = "us-east-1"
+# SeaweedFS's S3 identities (its -s3.config format), generated once per stack home
+S3_IDENTITIES = "s3-identities.json"
+AIRFLOW_PASSWORDS = "airflow-passwords.json"
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` if needed and take group and other access away from it."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        path.chmod(mode & 0o700)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable and writable by the user only.
+
+    The temporary file is created with mode 0600 (set again with fchmod, so the
+    umask cannot change it) before any byte is written, then renamed over
+    ``path``: readers see the old file or the new one, whole, and no byte of
+    it is ever open to others.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def s3_credentials(home: Path) -> dict[str, str] | None:
+    """The stack's S3 access key and secret as boto3's variables; None before they exist."""
+    try:
+        identities = json.loads((home / S3_IDENTITIES).read_text())
+    except FileNotFoundError:
+        return None
+    credential = identities["identities"][0]["credentials"][0]
+    return {
+        "AWS_ACCESS_KEY_ID": str(credential["accessKey"]),
+        "AWS_SECRET_ACCESS_KEY": str(credential["secretKey"]),
+    }
+
+
+def ensure_s3_credentials(home: Path) -> Path:
+    """The S3 server's identities file, generated (0600) the first time; its path."""
+    path = home / S3_IDENTITIES
+    if path.exists():
+        path.chmod(0o600)  # a file from an older stack
+        return path
+    identities = {
+        "identities": [
+            {
+                "name": "tideflow",
+                "credentials": [
+                    {
+                        "accessKey": "TF" + secrets.token_hex(9).upper(),
+                        "secretKey": secrets.token_urlsafe(30),
+                    }
+                ],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            }
+        ]
+    }
+    write_private(path, json.dumps(identities, indent=2))
+    return path
 
 
 @dataclass
@@ -58,11 +133,8 @@ class StackState:
         return Path(self.home) / "stack.json"
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = asdict(self)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, self.path)
+        """Write the state file (it holds the Airflow password): 0600, atomically."""
+        write_private(self.path, json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, home: Path) -> StackState | None:
@@ -73,9 +145,17 @@ class StackState:
         data["services"] = {k: Service(**v) for k, v in data["services"].items()}
         return cls(**data)
 
+    def s3_credentials(self) -> dict[str, str] | None:
+        return s3_credentials(Path(self.home))
+
     def client_env(self) -> dict[str, str]:
-        """Environment for clients of the stack: boto3, the MLflow client, tideflow."""
-        env = dict(LOCAL_S3_CREDENTIALS)
+        """Environment for clients of the stack: boto3, the MLflow client, tideflow.
+
+        The S3 credentials are the ones generated for this home. A state whose
+        home holds none (an MLflow server started on another home's S3 server)
+        leaves them out: its clients take them from their own environment.
+        """
+        env = {"AWS_DEFAULT_REGION": S3_REGION, **(self.s3_credentials() or {})}
         if "s3" in self.services:
             env["AWS_ENDPOINT_URL_S3"] = self.services["s3"].url
             env["MLFLOW_S3_ENDPOINT_URL"] = self.services["s3"].url
@@ -94,8 +174,8 @@ def s3_client(state: StackState) -> Any:
     return boto3.client(
         "s3",
         endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
         region_name=env["AWS_DEFAULT_REGION"],
     )
 
@@ -112,13 +192,24 @@ def _bin(name: str) -> str:
 
 
 def start_s3(state: StackState) -> Service:
-    """SeaweedFS in its all-in-one `mini` mode, every port on loopback."""
-    home = Path(state.home)
+    """SeaweedFS in its all-in-one `mini` mode: every port on loopback, S3 with credentials.
+
+    S3 requests must be signed with the home's generated credentials. The
+    filer's and volume server's HTTP ports, which would take writes past S3,
+    require JWTs signed with keys made for this start (SeaweedFS reads them
+    from WEED_JWT_* variables); the S3 gateway signs its own requests. The
+    WebDAV gateway (anonymous), the admin UI, the Iceberg and Lance ports (fixed
+    defaults) and telemetry are off. What stays open on loopback: the gRPC
+    ports and the master's HTTP API (SeaweedFS guards them only with mutual
+    TLS or an IP allow-list).
+    """
+    home = private_dir(Path(state.home))
     data = home / "s3"
     data.mkdir(parents=True, exist_ok=True)
+    identities = ensure_s3_credentials(home)
     # Each server's gRPC port is its HTTP port + 10000 (some internal clients
     # assume so even when a gRPC port is given), hence pairs of free ports.
-    flags = ("master.port", "volume.port", "filer.port", "s3.port", "admin.port", "webdav.port")
+    flags = ("master.port", "volume.port", "filer.port", "s3.port", "admin.port")
     ports = dict(zip(flags, free_port_pairs(len(flags)), strict=True))
     command = [
         _bin("weed"),
@@ -128,33 +219,49 @@ def start_s3(state: StackState) -> Service:
         "-ip.bind=127.0.0.1",
         f"-bucket={','.join(BUCKETS)}",
         *(f"-{flag}={port}" for flag, port in ports.items()),
+        f"-s3.config={identities}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-webdav=false",
+        "-admin.ui=false",
+        "-master.telemetry=false",
     ]
+    env = {
+        **os.environ,
+        "WEED_JWT_SIGNING_KEY": secrets.token_urlsafe(32),
+        "WEED_JWT_FILER_SIGNING_KEY": secrets.token_urlsafe(32),
+        "WEED_JWT_FILER_SIGNING_READ_KEY": secrets.token_urlsafe(32),
+    }
     log = home / "logs" / "s3.log"
-    pid = start(command, os.environ, log)
+    # run in its data folder: SeaweedFS reads ./security.toml, if any, from there
+    pid = start(command, env, log, cwd=data)
     url = f"http://127.0.0.1:{ports['s3.port']}"
     wait_http(
         f"{url}/", timeout_s=60, pgid=pid, log_path=log, name="SeaweedFS S3", ok_status=(200, 403)
     )
-    _wait_buckets(url, pid, log)
+    try:
+        _wait_buckets(url, state, log)
+    except StackError:
+        stop_group(pid, grace_s=5)
+        raise
     return Service("s3", pid, url, str(log))
 
 
-def _wait_buckets(url: str, pid: int, log: Path) -> None:
+def _wait_buckets(url: str, state: StackState, log: Path) -> None:
     """`weed mini -bucket` creates buckets just after the S3 port opens; wait for them."""
     import time
 
     import boto3
 
+    env = state.client_env()
     client = boto3.client(
         "s3",
         endpoint_url=url,
-        **{
-            "aws_access_key_id": LOCAL_S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            "aws_secret_access_key": LOCAL_S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-            "region_name": LOCAL_S3_CREDENTIALS["AWS_DEFAULT_REGION"],
-        },
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
     )
-    # Anonymous listings hide buckets here, so ask for each bucket directly.
+    # Ask for each bucket directly (a listing can lag behind).
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         missing = []
@@ -172,12 +279,14 @@ def _wait_buckets(url: str, pid: int, log: Path) -> None:
 
 
 def start_mlflow(state: StackState) -> Service:
-    home = Path(state.home)
+    """MLflow on 127.0.0.1, artifacts proxied to the stack's S3 (no login: see the module doc)."""
+    home = private_dir(Path(state.home))
     port = free_port()
     s3 = state.services["s3"].url
     env = {
         **os.environ,
-        **LOCAL_S3_CREDENTIALS,
+        "AWS_DEFAULT_REGION": S3_REGION,
+        **(state.s3_credentials() or {}),  # the artifact proxy signs its S3 requests
         "MLFLOW_S3_ENDPOINT_URL": s3,
         "AWS_ENDPOINT_URL_S3": s3,
         # the job runner forks several processes we do not use (3 GB -> 0.5 GB)
@@ -209,6 +318,10 @@ def airflow_env(state: StackState, port: int, dags_folder: Path, pipelines: Path
     airflow_home = home / "airflow"
     (home / "airflow-plugins").mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}"
+    # The log servers are not started (see tideflow.stack.airflow_group); their
+    # ports are still the stack's own, so the API server never asks another
+    # Airflow's log server on this machine for a log.
+    worker_logs, trigger_logs = free_port(), free_port()
     return {
         **os.environ,
         **state.client_env(),
@@ -219,14 +332,21 @@ def airflow_env(state: StackState, port: int, dags_folder: Path, pipelines: Path
         "AIRFLOW__CORE__PARALLELISM": "4",  # the default forks 32 idle workers
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{state.airflow_user}:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "airflow-passwords.json"),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / AIRFLOW_PASSWORDS),
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__AUTH_MANAGER": (
+            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+        ),
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
         "AIRFLOW__API__BASE_URL": url,
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_logs),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_logs),
         "TIDEFLOW_PIPELINES_DIR": str(pipelines),
-        # `airflow standalone` starts its components as `airflow ...` from PATH
+        # the components are started as `airflow ...` from PATH
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
 
@@ -244,12 +364,13 @@ def _airflow_cli(env: dict[str, str], *args: str) -> None:
 def start_airflow(
     state: StackState, *, dags_folder: Path, pipelines: Path, pools: dict[str, int]
 ) -> Service:
-    home = Path(state.home)
+    home = private_dir(Path(state.home))
     port = free_port()
-    passwords = home / "airflow-passwords.json"
-    if not passwords.exists():
-        passwords.write_text(json.dumps({state.airflow_user: secrets.token_urlsafe(12)}))
-        passwords.chmod(0o600)
+    passwords = home / AIRFLOW_PASSWORDS
+    if passwords.exists():
+        passwords.chmod(0o600)  # a file from an older stack
+    else:
+        write_private(passwords, json.dumps({state.airflow_user: secrets.token_urlsafe(12)}))
     state.airflow_password = json.loads(passwords.read_text())[state.airflow_user]
     env = airflow_env(state, port, dags_folder, pipelines)
     _airflow_cli(env, "db", "migrate")
@@ -268,7 +389,8 @@ def start_airflow(
     )
     _airflow_cli(env, "pools", "import", str(pool_file))
     log = home / "logs" / "airflow.log"
-    pid = start([_bin("airflow"), "standalone"], env, log, cwd=home)
+    command = [sys.executable, "-m", "tideflow.stack.airflow_group", _bin("airflow")]
+    pid = start(command, env, log, cwd=home)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/api/v2/monitor/health", timeout_s=180, pgid=pid, log_path=log, name="Airflow")
     return Service("airflow", pid, url, str(log))
