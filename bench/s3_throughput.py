@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tideflow.checkpoint import CheckpointManager
 from tideflow.stack.processes import stop_group
-from tideflow.stack.services import LOCAL_S3_CREDENTIALS, StackState, start_s3
+from tideflow.stack.services import StackState, start_s3
 
 TARGET = 0.90
 
@@ -36,7 +36,8 @@ def main() -> int:
         state = StackState(str(Path(scratch) / "stack"))
         service = start_s3(state)
         try:
-            os.environ.update({**LOCAL_S3_CREDENTIALS, "AWS_ENDPOINT_URL_S3": service.url})
+            state.services["s3"] = service
+            os.environ.update({**state.client_env(), "AWS_ENDPOINT_URL_S3": service.url})
             import boto3
             from boto3.s3.transfer import TransferConfig
 
