@@ -1,0 +1,63 @@
+"""A FAKE Kubernetes API server: the one fake every Kubernetes test in tideflow talks to.
+
+No API server, Volcano, JobSet or Kueue can run on this machine, so this package
+plays them, over HTTP on 127.0.0.1, for the real ``kubernetes`` and
+``kubernetes_asyncio`` clients. It is a fake: it reproduces the behaviour listed
+here from the upstream sources and documentation in ../shared/reference
+(volcano @ ed72c7c, jobset @ 08dfbdf, kueue @ ff69552, argo-workflows @ f016ad8;
+Kubernetes itself from its documentation), each rule in its own function citing
+where it comes from, and nothing more.
+
+What it reproduces
+  * store (store.py): objects by group/resource/namespace/name, monotonic
+    resourceVersions, create (409 AlreadyExists), get / 404, list and watch with
+    labelSelector and fieldSelector, watch from a resourceVersion with a
+    configurable retention window (410 Gone when older; ``compact()``), update
+    and patch (merge, JSON and strategic merge patch, patches.py), delete with
+    propagationPolicy and the garbage collector's cascade (api.py);
+  * the pods/eviction subresource with PodDisruptionBudgets (eviction.py), the
+    Deployment scale subresource, the status subresource for controllers;
+  * admission (admission.py): CRD schemas with structural defaults and
+    x-kubernetes-validations CEL rules, core kinds with kubernetes-validate,
+    strictly (schemas.py); NamespaceLifecycle, Priority and
+    ValidatingAdmissionPolicies from deploy/ (core_admission.py); Volcano's Job
+    mutating and validating webhooks and its Queue webhook
+    (volcano_webhooks.py); the JobSet webhook and Kueue's JobSet webhook
+    (jobset_webhooks.py). Refusals carry the code and Status body upstream
+    answers with (status.py);
+  * authorization (rbac.py): every request is made as an identity (a bearer
+    token the fake maps to a user name); Roles, ClusterRoles and bindings are
+    read from deploy/kubernetes/*.yaml and anything they do not grant is a 403;
+    ``fake.rbac.unused(user, namespace)`` lists the grants nothing used;
+  * controllers, moved by the test, never by themselves (no background thread
+    but the HTTP server's): Volcano's job and queue controllers (volcano.py),
+    the JobSet and Job controllers (jobset.py), Kueue's admission by quota
+    (kueue.py), the scheduler and kubelets as far as pod phases go (pods.py),
+    and Argo's resource-step conditions (argo.py).
+
+What it does NOT do
+  scheduling or any placement decision, running containers, DNS, networking,
+  resource accounting on nodes, PodGroups and gang scheduling, the disruption
+  controller (a test writes a budget's status), Workload objects, preemption
+  and fair sharing in Kueue, finalizers and graceful deletion (objects go at
+  once), server-side apply, field managers, admission chains beyond the rules
+  named above, API discovery, authentication beyond bearer tokens, and any
+  behaviour of a Kubernetes version other than the one its rules were read
+  from. Where a rule was written from memory of an upstream file that is not
+  in the reference, its comment says so.
+
+Usage::
+
+    with KubeFake() as fake:               # namespace "tideflow", RBAC from deploy/
+        fake.seed(DEPLOY / "volcano-queues.yaml")
+        api = fake.client(service_account("tideflow", "tideflow-airflow-worker"))
+        ...                                 # tideflow code with the real client
+        fake.volcano.pods_running("tideflow", name)
+        assert [r.code for r in fake.requests] == [...]
+"""
+
+from tests.kubefake.fake import DEPLOY, KubeFake, Logged
+from tests.kubefake.rbac import ADMIN, service_account
+from tests.kubefake.status import ApiError
+
+__all__ = ["ADMIN", "DEPLOY", "ApiError", "KubeFake", "Logged", "service_account"]

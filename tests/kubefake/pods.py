@@ -1,0 +1,118 @@
+"""What the scheduler and the kubelets do to pods, done when the test says so.
+
+No pod runs: a pod stays Pending until the test places it (``run``), and ends when
+the test ends it (``succeed``, ``fail``) or when it is evicted or deleted
+(``terminate``). Each change is written to the pod's status as a kubelet
+writes it (phase, ``startTime``, the Ready condition, the container's
+``state.terminated.exitCode``) and handed to the controller that owns the pod
+(Volcano's job controller, or the Job controller under a JobSet).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tests.kubefake.resources import BY_KIND
+from tests.kubefake.store import now
+
+if TYPE_CHECKING:
+    from tests.kubefake.fake import KubeFake
+
+POD = BY_KIND[("v1", "Pod")]
+
+
+def owner_kind(pod: dict[str, Any]) -> tuple[str, str] | None:
+    for owner in pod["metadata"].get("ownerReferences") or []:
+        if owner.get("controller"):
+            return owner["apiVersion"], owner["kind"]
+    return None
+
+
+def _container_status(
+    container: dict[str, Any], *, ready: bool, state: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "name": container["name"],
+        "image": container.get("image", ""),
+        "imageID": "",
+        "ready": ready,
+        "restartCount": 0,
+        "state": state,
+    }
+
+
+class Pods:
+    def __init__(self, fake: KubeFake) -> None:
+        self.fake = fake
+        # The exit code of a worker stopped by SIGTERM (eviction, deletion). tideflow's
+        # runtime exits 75 after its checkpoint; a process killed outright exits 143.
+        self.termination_exit_code = 143
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        found = self.fake.store.get(POD, namespace, name)
+        if found is None:
+            raise KeyError(f"no pod {namespace}/{name}")
+        return found
+
+    def _write(self, pod: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        return self.fake.write_status(POD, pod, {**(pod.get("status") or {}), **status})
+
+    def run(
+        self, namespace: str, name: str, *, node: str = "node-0", started: str | None = None
+    ) -> dict[str, Any]:
+        """Bind the pod to ``node`` (the scheduler) and start it, Ready (the kubelet)."""
+        pod = self.get(namespace, name)
+        pod["spec"]["nodeName"] = node
+        pod = self.fake.store.update(POD, pod)
+        when = started or now()
+        containers = [
+            _container_status(c, ready=True, state={"running": {"startedAt": when}})
+            for c in pod["spec"].get("containers", [])
+        ]
+        pod = self._write(
+            pod,
+            {
+                "phase": "Running",
+                "startTime": when,
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": containers,
+            },
+        )
+        self.fake.controllers.pod_changed(pod)
+        return pod
+
+    def _terminated(
+        self, pod: dict[str, Any], phase: str, exit_code: int, condition: dict | None = None
+    ) -> dict[str, Any]:
+        containers = [
+            _container_status(
+                c, ready=False, state={"terminated": {"exitCode": exit_code, "finishedAt": now()}}
+            )
+            for c in pod["spec"].get("containers", [])
+        ]
+        conditions = [{"type": "Ready", "status": "False"}] + ([condition] if condition else [])
+        return self._write(
+            pod, {"phase": phase, "conditions": conditions, "containerStatuses": containers}
+        )
+
+    def succeed(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self._terminated(self.get(namespace, name), "Succeeded", 0)
+        self.fake.controllers.pod_changed(pod)
+        return pod
+
+    def fail(self, namespace: str, name: str, exit_code: int = 1) -> dict[str, Any]:
+        pod = self._terminated(self.get(namespace, name), "Failed", exit_code)
+        self.fake.controllers.pod_changed(pod)
+        return pod
+
+    def terminate(self, pod: dict[str, Any], *, reason: str) -> None:
+        """An evicted or deleted pod: a Job's pod fails first with the DisruptionTarget
+        condition (its process got SIGTERM); then the pod is gone."""
+        running = (pod.get("status") or {}).get("phase") == "Running"
+        if owner_kind(pod) == ("batch/v1", "Job") and running:
+            condition = {"type": "DisruptionTarget", "status": "True", "reason": reason}
+            pod = self._terminated(pod, "Failed", self.termination_exit_code, condition)
+            self.fake.controllers.pod_changed(pod)
+        current = self.fake.store.get(POD, pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if current is not None and current["metadata"]["uid"] == pod["metadata"]["uid"]:
+            self.fake.api.delete(POD, current)
