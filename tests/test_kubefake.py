@@ -248,7 +248,12 @@ def test_eviction_honours_the_disruption_budget(fake: KubeFake) -> None:
     fake.set_status(budget, {**budget["status"], "disruptionsAllowed": 1})
     code, answer = fake.request("POST", f"/api/v1/namespaces/{NS}/pods/p-0/eviction", body=evict)
     assert code == 201 and answer["status"] == "Success"
-    assert fake.get("v1", "Pod", "p-0") is None
+    evicted = fake.get("v1", "Pod", "p-0")  # deleted gracefully: terminating, then gone
+    assert evicted["metadata"]["deletionTimestamp"] and evicted["status"]["phase"] == "Failed"
+    assert {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"} in (
+        evicted["status"]["conditions"]
+    )
+    assert fake.pods.finish_terminating(NS) == 1 and fake.get("v1", "Pod", "p-0") is None
     assert fake.get("policy/v1", "PodDisruptionBudget", "x")["status"]["disruptionsAllowed"] == 0
     # a pod not yet running is evicted without consulting the budget
     fake.create(pod("pending", {"app": "x"}))
@@ -713,14 +718,16 @@ def test_volcano_restarts_until_retry_count_reaches_max_retry(volcano: KubeFake)
     volcano.volcano.pods_running(NS, "j")
     phases.append(volcano.volcano.phase(NS, "j"))
     volcano.volcano.pod_failed(NS, "j", index=1, exit_code=1)
-    phases.append(volcano.volcano.phase(NS, "j"))
+    phases.append(volcano.volcano.phase(NS, "j"))  # the other pod is still terminating
     assert volcano.volcano.job(NS, "j")["status"]["retryCount"] == 1
+    volcano.pods.finish_terminating(NS)
+    phases.append(volcano.volcano.phase(NS, "j"))
     pod = volcano.volcano.pod(NS, "j", index=1)
     assert pod["metadata"]["annotations"]["volcano.sh/job-retry-count"] == "1"
     volcano.volcano.pods_running(NS, "j")
     volcano.volcano.pod_failed(NS, "j", exit_code=1)
     status = volcano.volcano.job(NS, "j")["status"]
-    assert phases == ["Pending", "Running", "Pending"]
+    assert phases == ["Pending", "Running", "Restarting", "Pending"]
     assert status["state"]["phase"] == "Failed" and status["retryCount"] == 2
     assert volcano.volcano.restarts[(NS, "j")] == 1
 
@@ -729,6 +736,8 @@ def test_volcano_actions_end_the_job_as_its_states_do(volcano: KubeFake) -> None
     volcano.create(vcjob("abort", policies=RESTART_ON_FAILURE[2:]))
     volcano.volcano.pods_running(NS, "abort")
     volcano.volcano.pod_failed(NS, "abort", exit_code=3)
+    assert volcano.volcano.phase(NS, "abort") == "Aborting"  # until its pods are gone
+    volcano.pods.finish_terminating(NS)
     assert volcano.volcano.phase(NS, "abort") == "Aborted"
     volcano.create(vcjob("done", policies=RESTART_ON_FAILURE))
     volcano.volcano.pods_running(NS, "done")
@@ -743,7 +752,9 @@ def test_volcano_actions_end_the_job_as_its_states_do(volcano: KubeFake) -> None
     assert volcano.volcano.phase(NS, "plain") == "Failed"  # 1 succeeded < minAvailable 2
 
 
-def test_an_evicted_volcano_pod_is_a_pod_evicted_event(volcano: KubeFake) -> None:
+def test_an_evicted_volcano_pod_fails_and_restarts_the_job(volcano: KubeFake) -> None:
+    """An evicted pod's worker stops (PodFailed, exit 143) before the pod is gone
+    (PodEvicted): the first request restarts the job, the second is of an older version."""
     volcano.create(vcjob(policies=RESTART_ON_FAILURE, maxRetry=5))
     volcano.volcano.pods_running(NS, "j")
     body = {"metadata": {"name": "j-worker-0"}}
@@ -751,8 +762,11 @@ def test_an_evicted_volcano_pod_is_a_pod_evicted_event(volcano: KubeFake) -> Non
         "POST", f"/api/v1/namespaces/{NS}/pods/j-worker-0/eviction", body=body
     )
     assert code == 201
+    assert volcano.volcano.phase(NS, "j") == "Restarting"
+    volcano.pods.finish_terminating(NS)
     status = volcano.volcano.job(NS, "j")["status"]
     assert status["state"]["phase"] == "Pending" and status["retryCount"] == 1
+    assert status["version"] == 1 and status["pending"] == 2
 
 
 def test_volcano_svc_and_env_plugins_give_host_names_and_ranks(volcano: KubeFake) -> None:

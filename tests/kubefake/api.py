@@ -208,14 +208,27 @@ class Api:
         return 200, found
 
     def delete(self, resource: Resource, obj: dict[str, Any], policy: str = "Background") -> None:
-        """Delete ``obj`` and, unless orphaned, its dependents (the garbage collector). The
-        owner goes first, so no controller acts on dependents of an owner being deleted
-        (Foreground deletion would keep the owner, marked, until they are gone)."""
+        """Delete ``obj``: a pod gracefully (pods.py), anything else at once with its
+        dependents."""
+        if (resource.group, resource.plural) == ("", "pods"):
+            self.fake.pods.delete(obj)
+        else:
+            self.remove(resource, obj, policy)
+
+    def remove(self, resource: Resource, obj: dict[str, Any], policy: str = "Background") -> None:
+        """Remove ``obj`` from the store and, unless orphaned, delete its dependents (the
+        garbage collector). The owner goes first, so no controller acts on dependents of an
+        owner being deleted (Foreground deletion would keep the owner, marked, until they
+        are gone)."""
         meta = obj["metadata"]
         uid = meta["uid"]
+        current = self.store.get(resource, meta.get("namespace", ""), meta["name"])
+        if current is None or current["metadata"]["uid"] != uid:
+            return
         gone = self.store.delete(resource, meta.get("namespace", ""), meta["name"])
-        if gone is not None:
-            self.fake.after_delete(resource, gone)
+        if gone is None:
+            return
+        self.fake.after_delete(resource, gone)
         for other_resource in RESOURCES:
             for other in self.store.list(other_resource)[0]:
                 owners = other["metadata"].get("ownerReferences") or []

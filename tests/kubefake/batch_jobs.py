@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from tests.kubefake.pods import terminating
 from tests.kubefake.resources import BY_KIND
 from tests.kubefake.store import now
 
@@ -71,9 +72,18 @@ class Jobs:
         self.fake = fake
 
     def pods(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The Job's pods (by its controller-uid: a recreated Job of the same name has others)."""
         meta = job["metadata"]
-        selector = f"batch.kubernetes.io/job-name={meta['name']}"
+        selector = f"batch.kubernetes.io/controller-uid={meta['uid']}"
         return self.fake.store.list(POD, meta["namespace"], selector)[0]
+
+    def active(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods(job)
+            if (p.get("status") or {}).get("phase", "Pending") in ("Pending", "Running")
+            and not terminating(p)
+        ]
 
     def create_pods(self, job: dict[str, Any]) -> None:
         """The Job controller: one pod per completion index without an active or done pod."""
@@ -81,7 +91,7 @@ class Jobs:
         taken = {
             p["metadata"]["labels"][INDEX_KEY]
             for p in self.pods(job)
-            if (p.get("status") or {}).get("phase") != "Failed"
+            if (p.get("status") or {}).get("phase") != "Failed" and not terminating(p)
         }
         for index in range(spec.get("completions") or spec.get("parallelism") or 1):
             if str(index) in taken:
@@ -154,7 +164,10 @@ class Jobs:
         job = self.fake.store.get(
             JOB, meta["namespace"], meta["labels"]["batch.kubernetes.io/job-name"]
         )
-        if job is None or is_true(job, "Failed") or is_true(job, "Complete"):
+        owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
+        if job is None or job["metadata"]["uid"] not in owners:
+            return
+        if is_true(job, "Failed") or is_true(job, "Complete"):
             return
         phase = (pod.get("status") or {}).get("phase")
         status = dict(job.get("status") or {})
@@ -174,12 +187,13 @@ class Jobs:
                     )
             job = self.fake.write_status(JOB, job, status)
             self.create_pods(job)
-        pods = self.pods(job)
-        status["active"] = sum(
-            (p.get("status") or {}).get("phase") in ("Pending", "Running") for p in pods
-        )
-        status["ready"] = sum((p.get("status") or {}).get("phase") == "Running" for p in pods)
-        status["succeeded"] = sum((p.get("status") or {}).get("phase") == "Succeeded" for p in pods)
+        active = self.active(job)
+        status["active"] = len(active)
+        status["ready"] = sum((p.get("status") or {}).get("phase") == "Running" for p in active)
+        succeeded = [
+            p for p in self.pods(job) if (p.get("status") or {}).get("phase") == "Succeeded"
+        ]
+        status["succeeded"] = len(succeeded)
         if status["succeeded"] >= (job["spec"].get("completions") or 1):
             status["conditions"] = [condition("Complete", True, "CompletionsReached", "")]
             status["active"] = 0
@@ -192,7 +206,6 @@ class Jobs:
         status["conditions"] = [condition("Failed", True, reason, message)]
         status["active"] = 0
         self.fake.write_status(JOB, job, status)
-        for pod in self.pods(job):
-            if (pod.get("status") or {}).get("phase") in ("Pending", "Running"):
-                self.fake.api.delete(POD, pod)
+        for pod in self.active(job):
+            self.fake.api.delete(POD, pod)
         self.fake.jobset.job_settled(job)

@@ -18,9 +18,10 @@ reference, so the rules below are the documented ones):
 
 The disruption controller, which recomputes ``disruptionsAllowed`` from healthy
 pods, is not reproduced: a test sets a budget's status (``fake.write_status``).
-An evicted pod of a batch Job first gets the ``DisruptionTarget`` condition
-(reason ``EvictionByEvictionAPI``) and fails, as with PodDisruptionConditions
-(GA in 1.31), so the Job controller sees why it failed.
+The evicted pod is deleted gracefully (pods.py): it gets the ``DisruptionTarget``
+condition (reason ``EvictionByEvictionAPI``, PodDisruptionConditions, GA in 1.31)
+and fails, so its controller sees why, and stays Terminating until the test
+finishes its termination.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def evict(fake: KubeFake, info: RequestInfo, body: Any) -> dict[str, Any]:
             )
         if budgets:
             _take_disruption(fake, budgets[0], info.name)
-    fake.pods.terminate(pod, reason="EvictionByEvictionAPI")
+    fake.pods.delete(pod, evicted=True)
     return success(201)
 
 

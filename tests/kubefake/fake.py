@@ -18,9 +18,10 @@ from tests.kubefake import admission
 from tests.kubefake import resources as res
 from tests.kubefake.api import Api
 from tests.kubefake.batch_jobs import Jobs
+from tests.kubefake.controllers import Controllers
 from tests.kubefake.jobset import JobSets
 from tests.kubefake.kueue import Kueue
-from tests.kubefake.pods import Pods, owner_kind
+from tests.kubefake.pods import Pods
 from tests.kubefake.rbac import ADMIN, Authorizer
 from tests.kubefake.resources import BY_KIND, RequestInfo, Resource, resource_for
 from tests.kubefake.schemas import validator
@@ -89,7 +90,7 @@ class KubeFake:
         self.jobs = Jobs(self)
         self.jobset = JobSets(self)
         self.kueue = Kueue(self)
-        self.controllers = _Controllers(self)
+        self.controllers = Controllers(self)
         self.requests: list[Logged] = []
         self._tokens: dict[str, str] = {}
         self._watch_steps: deque[Callable[[RequestInfo], None]] = deque()
@@ -379,57 +380,3 @@ class KubeFake:
     # -- what tests ask of the log ---------------------------------------------------------
     def requests_by(self, user: str) -> list[Logged]:
         return [r for r in self.requests if r.user == user]
-
-
-class ControllerError(RuntimeError):
-    """A controller's own write was refused: the fake's controller, or the object it was
-    given, is wrong (a real controller would retry and report an event)."""
-
-
-def _reported(method: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(self: _Controllers, *args: Any) -> Any:
-        try:
-            return method(self, *args)
-        except ApiError as exc:
-            raise ControllerError(f"a controller's write was refused: {exc.message}") from exc
-
-    return wrapper
-
-
-class _Controllers:
-    """Hands each change to the controller that reacts to it."""
-
-    def __init__(self, fake: KubeFake) -> None:
-        self.fake = fake
-
-    @_reported
-    def after_create(self, resource: Resource, obj: dict[str, Any]) -> dict[str, Any]:
-        which = (resource.group, resource.plural)
-        if which == ("batch.volcano.sh", "jobs"):
-            self.fake.volcano.job_added(obj)
-        elif which == ("scheduling.volcano.sh", "queues"):
-            self.fake.volcano.queue_added(obj)
-        elif which == ("jobset.x-k8s.io", "jobsets"):
-            self.fake.jobset.added(obj)
-        return obj
-
-    @_reported
-    def after_update(self, resource: Resource, new: dict[str, Any], old: dict[str, Any]) -> None:
-        if (resource.group, resource.plural) == ("jobset.x-k8s.io", "jobsets"):
-            self.fake.jobset.updated(new, old)
-
-    @_reported
-    def after_delete(self, resource: Resource, obj: dict[str, Any]) -> None:
-        which = (resource.group, resource.plural)
-        if which == ("", "pods") and owner_kind(obj) == ("batch.volcano.sh/v1alpha1", "Job"):
-            self.fake.volcano.pod_deleted(obj)
-        elif which == ("jobset.x-k8s.io", "jobsets"):
-            self.fake.kueue.release(obj)
-
-    @_reported
-    def pod_changed(self, pod: dict[str, Any]) -> None:
-        owner = owner_kind(pod)
-        if owner == ("batch.volcano.sh/v1alpha1", "Job"):
-            self.fake.volcano.pod_changed(pod)
-        elif owner == ("batch/v1", "Job"):
-            self.fake.jobs.pod_changed(pod)

@@ -253,8 +253,8 @@ class JobSets:
     def pods_running(self, namespace: str, name: str, *, node: str = "node-0") -> dict[str, Any]:
         with self.fake.lock:
             for job in self.jobs(self.jobset(namespace, name)):
-                for pod in self.fake.jobs.pods(job):
-                    if (pod.get("status") or {}).get("phase") == "Pending":
+                for pod in self.fake.jobs.active(job):
+                    if (pod.get("status") or {}).get("phase", "Pending") == "Pending":
                         self.fake.pods.run(namespace, pod["metadata"]["name"], node=node)
             return self.jobset(namespace, name)
 
@@ -264,9 +264,8 @@ class JobSets:
         job = self.fake.store.get(JOB, namespace, f"{name}-{rjob}-{job_index}")
         return next(
             p
-            for p in self.fake.jobs.pods(job)
+            for p in self.fake.jobs.active(job)
             if p["metadata"]["labels"][INDEX_KEY] == str(index)
-            and (p.get("status") or {}).get("phase") in ("Pending", "Running")
         )
 
     def pod_failed(
@@ -302,7 +301,7 @@ class JobSets:
     def pods_succeeded(self, namespace: str, name: str) -> dict[str, Any]:
         with self.fake.lock:
             for job in self.jobs(self.jobset(namespace, name)):
-                for pod in self.fake.jobs.pods(job):
+                for pod in self.fake.jobs.active(job):
                     if (pod.get("status") or {}).get("phase") == "Running":
                         self.fake.pods.succeed(namespace, pod["metadata"]["name"])
             return self.jobset(namespace, name)

@@ -2,10 +2,11 @@
 
 No pod runs: a pod stays Pending until the test places it (``run``), and ends when
 the test ends it (``succeed``, ``fail``) or when it is evicted or deleted
-(``terminate``). Each change is written to the pod's status as a kubelet
-writes it (phase, ``startTime``, the Ready condition, the container's
-``state.terminated.exitCode``) and handed to the controller that owns the pod
-(Volcano's job controller, or the Job controller under a JobSet).
+(``delete``: graceful, it stays Terminating until ``finish_terminating``). Each
+change is written to the pod's status as a kubelet writes it (phase,
+``startTime``, the Ready condition, the container's ``state.terminated.exitCode``)
+and handed to the controller that owns the pod (Volcano's job controller, or the
+Job controller under a JobSet).
 """
 
 from __future__ import annotations
@@ -105,14 +106,39 @@ class Pods:
         self.fake.controllers.pod_changed(pod)
         return pod
 
-    def terminate(self, pod: dict[str, Any], *, reason: str) -> None:
-        """An evicted or deleted pod: a Job's pod fails first with the DisruptionTarget
-        condition (its process got SIGTERM); then the pod is gone."""
-        running = (pod.get("status") or {}).get("phase") == "Running"
-        if owner_kind(pod) == ("batch/v1", "Job") and running:
-            condition = {"type": "DisruptionTarget", "status": "True", "reason": reason}
-            pod = self._terminated(pod, "Failed", self.termination_exit_code, condition)
-            self.fake.controllers.pod_changed(pod)
-        current = self.fake.store.get(POD, pod["metadata"]["namespace"], pod["metadata"]["name"])
-        if current is not None and current["metadata"]["uid"] == pod["metadata"]["uid"]:
-            self.fake.api.delete(POD, current)
+    def delete(self, pod: dict[str, Any], *, evicted: bool = False) -> None:
+        """Graceful deletion ("Termination of Pods"): a pod that runs on a node gets its
+        deletionTimestamp and its kubelet stops it (SIGTERM: the container ends with
+        ``termination_exit_code`` and the pod is Failed, with the DisruptionTarget condition
+        when evicted, as with PodDisruptionConditions); it stays Terminating until
+        ``finish_terminating``. A pod on no node, or finished, goes at once."""
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            return
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running" or not pod["spec"].get("nodeName"):
+            self.fake.api.remove(POD, pod)
+            return
+        meta["deletionTimestamp"] = now()
+        meta["deletionGracePeriodSeconds"] = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        pod = self.fake.store.update(POD, pod)
+        condition = (
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+            if evicted
+            else None
+        )
+        pod = self._terminated(pod, "Failed", self.termination_exit_code, condition)
+        self.fake.controllers.pod_changed(pod)
+
+    def finish_terminating(self, namespace: str = "") -> int:
+        """The kubelets confirm every terminating pod gone: they leave the API."""
+        gone = 0
+        for pod in self.fake.store.list(POD, namespace)[0]:
+            if pod["metadata"].get("deletionTimestamp"):
+                self.fake.api.remove(POD, pod)
+                gone += 1
+        return gone
+
+
+def terminating(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))

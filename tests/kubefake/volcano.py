@@ -24,18 +24,27 @@
   Aborted once no pod runs), and running.go's sync (Completed or Failed when
   every pod has finished, by minAvailable).
 
-Pods are deleted at once (no grace period), so Restarting, Completing and the
-like pass as soon as the controller acts; no PodGroup is made and no scheduler
-decides anything: the test starts and ends pods through these methods.
+Requests are handled one at a time, in order (the controller's work queue). A
+killed pod is deleted gracefully and stays Terminating until the test finishes
+its termination (``fake.pods.finish_terminating``), so Restarting, Completing and
+the like last until then. KillJob raises ``status.version`` (from memory of
+job_controller_actions.go, not in the reference), and a request from a pod of an
+older version only syncs the job (applyPolicies' outdated-request rule), so the
+controller's own kills never count as failures. No PodGroup is made and no
+scheduler decides anything: the test starts and ends pods through these methods.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from tests.kubefake.pods import terminating
 from tests.kubefake.resources import BY_KIND
 from tests.kubefake.store import now
 from tests.kubefake.volcano_pods import JOB_NAME, TASK_SPEC, make_pod, svc_objects
+
+VERSION = "volcano.sh/job-version"
 
 if TYPE_CHECKING:
     from tests.kubefake.fake import KubeFake
@@ -50,8 +59,9 @@ TERMINAL = {"Completed", "Failed", "Terminated", "Aborted"}
 class Volcano:
     def __init__(self, fake: KubeFake) -> None:
         self.fake = fake
-        self._killing: set[str] = set()  # uids of pods the controller itself deletes
         self.restarts: dict[tuple[str, str], int] = {}  # (ns, job) -> times its pods came back
+        self._queue: deque[tuple[str, str, str]] = deque()
+        self._busy = False
 
     # -- queue controller ------------------------------------------------------------------
     def queue_added(self, queue: dict[str, Any]) -> None:
@@ -80,6 +90,7 @@ class Volcano:
     def pod(self, namespace: str, name: str, task: str = "worker", index: int = 0) -> dict:
         return self.fake.pods.get(namespace, f"{name}-{task}-{index}")
 
+    # -- acting on pods ----------------------------------------------------------------------
     def _create_missing_pods(self, job: dict[str, Any]) -> None:
         existing = {p["metadata"]["name"] for p in self.pods(job)}
         for task in job["spec"]["tasks"]:
@@ -92,37 +103,41 @@ class Volcano:
     def _kill(self, job: dict[str, Any], *, soft: bool) -> None:
         """KillJob: delete the job's pods (soft: keep those that succeeded or failed)."""
         for pod in self.pods(job):
+            if terminating(pod):
+                continue
             if soft and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
-            self._killing.add(pod["metadata"]["uid"])
             self.fake.api.delete(POD, pod)
 
-    # -- status ------------------------------------------------------------------------------
     def _write(self, job: dict[str, Any], phase: str | None = None, **changes: Any) -> dict:
-        pods = self.pods(job)
+        job = self.job(job["metadata"]["namespace"], job["metadata"]["name"])
         status = dict(job.get("status") or {})
         counts = {"pending": 0, "running": 0, "succeeded": 0, "failed": 0, "unknown": 0}
+        counts["terminating"] = 0
         tasks: dict[str, dict[str, dict[str, int]]] = {}
-        for pod in pods:
+        for pod in self.pods(job):
+            if terminating(pod):
+                counts["terminating"] += 1
+                continue
             pod_phase = (pod.get("status") or {}).get("phase", "Pending")
             counts[pod_phase.lower()] = counts.get(pod_phase.lower(), 0) + 1
             task = pod["metadata"]["annotations"][TASK_SPEC]
             by_phase = tasks.setdefault(task, {"phase": {}})["phase"]
             by_phase[pod_phase] = by_phase.get(pod_phase, 0) + 1
-        status.update(counts, terminating=0, taskStatusCount=tasks, **changes)
+        status.update(counts, taskStatusCount=tasks, **changes)
         if phase is not None and phase != status["state"].get("phase"):
+            if (status["state"].get("phase"), phase) == ("Restarting", "Pending"):
+                key = (job["metadata"]["namespace"], job["metadata"]["name"])
+                self.restarts[key] = self.restarts.get(key, 0) + 1
             status["state"] = {"phase": phase, "lastTransitionTime": now()}
         return self.fake.write_status(JOB, job, status)
 
-    # -- events and actions ------------------------------------------------------------------
+    # -- the job's life ----------------------------------------------------------------------
     def job_added(self, job: dict[str, Any]) -> None:
-        controlled = {}
         plugins = job["spec"].get("plugins") or {}
         if "svc" in plugins:
             for obj in svc_objects(job):
                 self.fake.internal_create(obj)
-        for plugin in plugins:
-            controlled[f"plugin-{plugin}"] = plugin
         job = self.fake.write_status(
             JOB,
             job,
@@ -131,11 +146,11 @@ class Volcano:
                 "minAvailable": job["spec"]["minAvailable"],
                 "retryCount": 0,
                 "version": 0,
-                "controlledResources": controlled,
+                "controlledResources": {f"plugin-{p}": p for p in plugins},
             },
         )
         self._create_missing_pods(job)
-        self._write(self.job(job["metadata"]["namespace"], job["metadata"]["name"]))
+        self._write(job)
 
     @staticmethod
     def apply_policies(job: dict[str, Any], task: str, event: str, exit_code: int = 0) -> str:
@@ -163,26 +178,34 @@ class Volcano:
         status = job["status"]
         phase = status["state"]["phase"]
         retries = int(status.get("retryCount", 0))
+        version = int(status.get("version", 0))
         if phase in ("Pending", "Running"):
             if action in ("RestartJob", "RestartTask", "RestartPod", "RestartPartition"):
+                self._write(job, "Restarting", retryCount=retries + 1, version=version + 1)
                 self._kill(job, soft=False)
-                return self._write(
-                    job, "Restarting", retryCount=retries + 1, version=status.get("version", 0) + 1
-                )
+                return self._write(job)
             if action in ("AbortJob", "TerminateJob", "CompleteJob"):
-                self._kill(job, soft=True)
                 following = {"AbortJob": "Aborting", "TerminateJob": "Terminating"}
-                return self._write(job, following.get(action, "Completing"))
+                self._write(job, following.get(action, "Completing"), version=version + 1)
+                self._kill(job, soft=True)
+                return self._write(job)
             return self._sync(job, phase)
-        if phase == "Restarting":
+        if phase == "Restarting":  # restarting.go restartingUpdateStatus
             self._kill(job, soft=False)
+            job = self._write(job)
             if retries >= int(job["spec"].get("maxRetry", 3)):
                 return self._write(job, "Failed")
-            return self._write(job, "Pending")
+            total = sum(t["replicas"] for t in job["spec"]["tasks"])
+            if total - job["status"]["terminating"] >= job["status"]["minAvailable"]:
+                return self._write(job, "Pending")
+            return job
         if phase in ("Aborting", "Terminating", "Completing"):
             if action == "ResumeJob" and phase == "Aborting":
                 return self._write(job, "Restarting", retryCount=retries + 1)
             self._kill(job, soft=True)
+            job = self._write(job)
+            if any(job["status"][k] for k in ("terminating", "pending", "running")):
+                return job
             done = {"Aborting": "Aborted", "Terminating": "Terminated", "Completing": "Completed"}
             return self._write(job, done[phase])
         return job
@@ -216,36 +239,46 @@ class Volcano:
             return self._write(job, "Pending")
         return job
 
-    def handle(self, namespace: str, name: str, action: str) -> dict[str, Any]:
+    def _handle_one(self, namespace: str, name: str, action: str) -> None:
         """Run ``action``, then sync until the job's phase settles (the controller's requeues)."""
+        job = self.fake.store.get(JOB, namespace, name)
+        if job is None or job["status"]["state"]["phase"] in TERMINAL:
+            return
+        job = self._execute(job, action)
+        for _ in range(6):
+            before = job["status"]["state"]["phase"]
+            if before in TERMINAL:
+                return
+            job = self._execute(job, "SyncJob")
+            if job["status"]["state"]["phase"] == before:
+                return
+
+    def handle(self, namespace: str, name: str, action: str) -> None:
+        """Queue a request (an action, or SyncJob) and work the queue through, in order."""
         with self.fake.lock:
-            job = self.job(namespace, name)
-            if job["status"]["state"]["phase"] in TERMINAL:
-                return job
-            job = self._execute(job, action)
-            for _ in range(6):
-                before = job["status"]["state"]["phase"]
-                if before in TERMINAL:
-                    break
-                job = self._execute(job, "SyncJob")
-                if before == "Restarting" and job["status"]["state"]["phase"] == "Pending":
-                    key = (namespace, name)
-                    self.restarts[key] = self.restarts.get(key, 0) + 1
-                if job["status"]["state"]["phase"] == before:
-                    break
-            return job
+            self._queue.append((namespace, name, action))
+            if self._busy:
+                return
+            self._busy = True
+            try:
+                while self._queue:
+                    self._handle_one(*self._queue.popleft())
+            finally:
+                self._busy = False
 
     def _request(self, pod: dict[str, Any], event: str, exit_code: int = 0) -> None:
+        """A pod's event as a request: applyPolicies decides unless the request is for another
+        job of that name or from an older version of the job (then the job is only synced)."""
         meta = pod["metadata"]
         job = self.fake.store.get(JOB, meta["namespace"], meta["annotations"][JOB_NAME])
         if job is None:
             return
-        task = meta["annotations"][TASK_SPEC]
-        self.handle(
-            meta["namespace"],
-            job["metadata"]["name"],
-            self.apply_policies(job, task, event, exit_code),
-        )
+        owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
+        version = int(meta["annotations"].get(VERSION, "0"))
+        action = "SyncJob"
+        if job["metadata"]["uid"] in owners and version >= int(job["status"].get("version", 0)):
+            action = self.apply_policies(job, meta["annotations"][TASK_SPEC], event, exit_code)
+        self.handle(meta["namespace"], job["metadata"]["name"], action)
 
     def pod_changed(self, pod: dict[str, Any]) -> None:
         """job_controller_handler.go updatePod: the event a pod's new phase raises."""
@@ -272,10 +305,8 @@ class Volcano:
             self._request(pod, "PodRunning")
 
     def pod_deleted(self, pod: dict[str, Any]) -> None:
-        """job_controller_handler.go deletePod: PodEvicted, unless the controller killed it."""
-        if pod["metadata"]["uid"] in self._killing:
-            self._killing.discard(pod["metadata"]["uid"])
-            return
+        """job_controller_handler.go deletePod: PodEvicted (a pod the controller killed is
+        of an older version by then, so it only syncs the job)."""
         self._request(pod, "PodEvicted")
 
     # -- what a test drives -------------------------------------------------------------------
@@ -293,6 +324,7 @@ class Volcano:
                 p
                 for p in self.pods(self.job(namespace, name))
                 if (p.get("status") or {}).get("phase", "Pending") == "Pending"
+                and not terminating(p)
             ]
             for index, pod in enumerate(sorted(pending, key=lambda p: p["metadata"]["name"])):
                 node = (nodes or ["node-0"])[index % len(nodes or ["node-0"])]
@@ -309,6 +341,6 @@ class Volcano:
     def pods_succeeded(self, namespace: str, name: str) -> dict[str, Any]:
         with self.fake.lock:
             for pod in self.pods(self.job(namespace, name)):
-                if (pod.get("status") or {}).get("phase") == "Running":
+                if (pod.get("status") or {}).get("phase") == "Running" and not terminating(pod):
                     self.fake.pods.succeed(namespace, pod["metadata"]["name"])
             return self.job(namespace, name)
