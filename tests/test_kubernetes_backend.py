@@ -1,90 +1,43 @@
-"""The Kubernetes gang backend against an HTTP-level fake of the Kubernetes API.
+"""The Kubernetes gang backend (Volcano) against the one Kubernetes fake (tests/kubefake).
 
-No API server (and no Volcano controller) can run here: a small HTTP server on
-127.0.0.1 keeps Volcano Jobs and pods in memory and records requests; the test
-plays the controller by setting a Job's ``status.state.phase``. It checks what
-the backend asks of the API (create once, read status, evict, delete), not what
-Kubernetes does with it.
+No API server or Volcano controller can run here: the fake plays them over HTTP
+for the official ``kubernetes`` client, admits the Job through Volcano's
+webhooks and the CRD schema, authorizes every call by deploy/'s RBAC, and moves
+the Job's state as Volcano's controller does when the test starts, fails or
+completes its pods. Each call is made as the identity that makes it in a
+deployment: the Airflow worker submits and reads, the triggerer deletes, the
+broker (the only role allowed to evict) preempts.
 """
 
 from __future__ import annotations
 
-import http.server
-import re
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from tests.fake_kube import JsonHandler, kube_client
+from tests.kubefake import DEPLOY, KubeFake, service_account
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.kube import KubeSettings
 
-JOBS = "/apis/batch.volcano.sh/v1alpha1/namespaces/ml/jobs"
-
-
-class FakeApi:
-    def __init__(self) -> None:
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.pods: dict[str, str] = {}  # pod name -> gang label
-        self.requests: list[tuple[str, str]] = []
-
-
-def handler_for(api: FakeApi) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(JsonHandler):
-        def _path(self) -> str:
-            path = self.path.split("?", 1)[0]
-            api.requests.append((self.command, path))
-            return path
-
-        def do_POST(self) -> None:  # noqa: N802 - http.server names
-            path, body = self._path(), self._body()
-            if path == JOBS:
-                name = body["metadata"]["name"]
-                if name in api.jobs:
-                    return self._send(409, {"kind": "Status", "code": 409})
-                api.jobs[name] = body | {"status": {"state": {"phase": "Pending"}}}
-                gang = body["metadata"]["labels"]["tideflow.io/gang"]
-                for rank in range(body["spec"]["minAvailable"]):
-                    api.pods[f"{name}-worker-{rank}"] = gang
-                return self._send(201, api.jobs[name])
-            if match := re.fullmatch(r"/api/v1/namespaces/ml/pods/([\w-]+)/eviction", path):
-                api.pods.pop(match.group(1))
-                return self._send(201, {"kind": "Status", "status": "Success"})
-            return self._send(404, {"kind": "Status", "code": 404})
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server names
-            path = self._path()
-            if match := re.fullmatch(JOBS + r"/([\w-]+)", path):
-                job = api.jobs.get(match.group(1))
-                return self._send(200, job) if job else self._send(404, {"code": 404})
-            if path == "/api/v1/namespaces/ml/pods":
-                gang = self.path.split("tideflow.io%2Fgang%3D", 1)[1]
-                items = [
-                    {"metadata": {"name": n, "namespace": "ml"}}
-                    for n, g in api.pods.items()
-                    if g == gang
-                ]
-                return self._send(200, {"kind": "PodList", "items": items})
-            return self._send(404, {"code": 404})
-
-        def do_DELETE(self) -> None:  # noqa: N802 - http.server names
-            path = self._path()
-            if match := re.fullmatch(JOBS + r"/([\w-]+)", path):
-                if api.jobs.pop(match.group(1), None) is None:
-                    return self._send(404, {"code": 404})
-                return self._send(200, {"kind": "Status", "status": "Success"})
-            return self._send(404, {"code": 404})
-
-    return Handler
+NS = "tideflow"
+WORKER = service_account(NS, "tideflow-airflow-worker")
+TRIGGERER = service_account(NS, "tideflow-airflow-triggerer")
+BROKER = service_account(NS, "tideflow-broker")
+SETTINGS = KubeSettings(namespace=NS)
 
 
 @pytest.fixture
-def fake() -> Iterator[tuple[FakeApi, Any]]:
-    api = FakeApi()
-    with kube_client(handler_for(api)) as client:
-        yield api, client
+def fake() -> Iterator[KubeFake]:
+    with KubeFake() as cluster:
+        cluster.apply(DEPLOY / "priority-classes.yaml")
+        # The team queues are state this test is not about (see test_kube_conformance.py).
+        cluster.seed(DEPLOY / "volcano-queues.yaml")
+        yield cluster
+
+
+def backend(fake: KubeFake, user: str = WORKER) -> KubernetesBackend:
+    return KubernetesBackend(fake.client(user), SETTINGS)
 
 
 def gang(gang_id: str = "digits/manual__2026-11-23T12:00:00+00:00/train") -> GangJob:
@@ -101,15 +54,12 @@ def gang(gang_id: str = "digits/manual__2026-11-23T12:00:00+00:00/train") -> Gan
     )
 
 
-def test_submit_creates_one_volcano_job_and_follows_its_state(
-    fake: tuple[FakeApi, Any],
-) -> None:
-    api, client = fake
-    backend = KubernetesBackend(client, KubeSettings(namespace="ml"))
-    status = backend.submit(gang())
+def test_submit_creates_one_volcano_job_and_follows_its_state(fake: KubeFake) -> None:
+    worker = backend(fake)
+    status = worker.submit(gang())
     assert status.state is GangState.PENDING
-    (name,) = api.jobs
-    job = api.jobs[name]
+    name = worker.job_name(gang().gang_id)
+    job = fake.volcano.job(NS, name)  # as admitted: Volcano's webhooks passed it
     assert job["spec"]["minAvailable"] == 4 and job["spec"]["queue"] == "vision"
     assert job["spec"]["maxRetry"] == 3  # 2 restarts, as Volcano counts
     pod = job["spec"]["tasks"][0]["template"]["spec"]
@@ -122,39 +72,62 @@ def test_submit_creates_one_volcano_job_and_follows_its_state(
     ]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
 
-    api.jobs[name]["status"] = {"state": {"phase": "Running"}}
-    assert backend.status(gang().gang_id).state is GangState.RUNNING  # type: ignore[union-attr]
-    api.jobs[name]["status"] = {"state": {"phase": "Restarting"}, "retryCount": 1}
-    restarting = backend.status(gang().gang_id)
-    assert restarting is not None and restarting.restarts == 1
-    api.jobs[name]["status"] = {"state": {"phase": "Completed"}, "retryCount": 1}
-    assert backend.status(gang().gang_id).state is GangState.SUCCEEDED  # type: ignore[union-attr]
-    assert backend.status("never/seen") is None
+    fake.volcano.pods_running(NS, name)
+    assert worker.status(gang().gang_id).state is GangState.RUNNING  # type: ignore[union-attr]
+    fake.volcano.pod_failed(NS, name, index=2, exit_code=1)  # a crash restarts the gang
+    restarting = worker.status(gang().gang_id)
+    assert restarting is not None and restarting.state is GangState.RUNNING  # Restarting
+    assert restarting.restarts == 1
+    fake.pods.finish_terminating(NS)
+    fake.volcano.pods_running(NS, name)
+    fake.volcano.pods_succeeded(NS, name)
+    done = worker.status(gang().gang_id)
+    assert done is not None and done.state is GangState.SUCCEEDED and done.restarts == 1
+    assert worker.status("never/seen") is None
+    verbs = {(r.verb, r.resource, r.code) for r in fake.requests_by(WORKER)}
+    assert verbs == {("get", "jobs", 404), ("create", "jobs", 201), ("get", "jobs", 200)}
 
 
-def test_a_restarted_worker_reattaches_instead_of_creating_a_second_job(
-    fake: tuple[FakeApi, Any],
-) -> None:
-    api, client = fake
-    KubernetesBackend(client, KubeSettings(namespace="ml")).submit(gang())
-    api.jobs[next(iter(api.jobs))]["status"] = {"state": {"phase": "Running"}}
-    fresh = KubernetesBackend(client, KubeSettings(namespace="ml"))  # after a worker restart
+def test_a_restarted_worker_reattaches_instead_of_creating_a_second_job(fake: KubeFake) -> None:
+    backend(fake).submit(gang())
+    fake.volcano.pods_running(NS, backend(fake).job_name(gang().gang_id))
+    fresh = backend(fake)  # after a worker restart
     assert fresh.reattach(gang().gang_id).state is GangState.RUNNING  # type: ignore[union-attr]
     assert fresh.submit(gang()).state is GangState.RUNNING
-    assert [r for r in api.requests if r[0] == "POST"] == [("POST", JOBS)]  # created once
+    creates = [r for r in fake.requests_by(WORKER) if r.method == "POST"]
+    assert [(r.resource, r.code) for r in creates] == [("jobs", 201)]  # created once
 
 
-def test_preempt_evicts_the_gangs_pods_and_cancel_deletes_the_job(
-    fake: tuple[FakeApi, Any],
-) -> None:
-    api, client = fake
-    backend = KubernetesBackend(client, KubeSettings(namespace="ml"))
-    backend.submit(gang())
-    backend.submit(gang("other/run/train"))
-    backend.preempt(gang().gang_id)
-    assert len(api.pods) == 4  # only the other gang's pods remain
-    evictions = [r for r in api.requests if r[1].endswith("/eviction")]
-    assert len(evictions) == 4
-    backend.cancel(gang().gang_id)
-    backend.cancel(gang().gang_id)  # a second cancel is harmless
-    assert backend.status(gang().gang_id) is None and len(api.jobs) == 1
+def test_preempt_evicts_the_gangs_pods_and_cancel_deletes_the_job(fake: KubeFake) -> None:
+    from kubernetes.client.rest import ApiException
+
+    worker = backend(fake)
+    worker.submit(gang())
+    worker.submit(gang("other/run/train"))
+    name, other = worker.job_name(gang().gang_id), worker.job_name("other/run/train")
+    for job in (name, other):
+        fake.volcano.pods_running(NS, job)
+    untouched = {p["metadata"]["uid"] for p in fake.volcano.pods(fake.volcano.job(NS, other))}
+    # deploy/kubernetes/airflow-rbac.yaml: Airflow's identities may not evict; the broker may
+    with pytest.raises(ApiException) as refused:
+        worker.preempt(gang().gang_id)
+    assert refused.value.status == 403
+    backend(fake, BROKER).preempt(gang().gang_id)
+    evictions = [r for r in fake.requests_by(BROKER) if r.resource == "pods/eviction"]
+    assert [r.code for r in evictions] == [201] * 4
+    # the gang's workers stop; Volcano restarts the gang when they are gone
+    assert {p["metadata"]["uid"] for p in fake.volcano.pods(fake.volcano.job(NS, other))} == (
+        untouched
+    )
+    fake.pods.finish_terminating(NS)
+    assert fake.volcano.phase(NS, name) == "Pending" and fake.volcano.phase(NS, other) == "Running"
+    triggerer = backend(fake, TRIGGERER)
+    triggerer.cancel(gang().gang_id)
+    triggerer.cancel(gang().gang_id)  # a second cancel is harmless
+    assert worker.status(gang().gang_id) is None
+    assert [j["metadata"]["name"] for j in fake.list("batch.volcano.sh/v1alpha1", "Job", NS)] == [
+        other
+    ]
+    deletes = fake.requests_by(TRIGGERER)
+    assert [(r.verb, r.code) for r in deletes] == [("delete", 200), ("delete", 404)]
+    assert all("propagationPolicy=Foreground" in r.path for r in deletes)  # pods go with it
