@@ -1,19 +1,18 @@
 """The digits gang step as a JobSet admitted by Kueue, and the Kubernetes backend driving it.
 
-No JobSet CRD schema is in ../shared/schemas, so the JobSet's own fields are
-checked against the v1alpha2 field names, and the Job it replicates — where
-nearly all of the content is — validates strictly as a core ``batch/v1`` Job
-with ``kubernetes-validate``. The backend tests run against an HTTP-level fake
-of the Kubernetes API (no API server, Kueue or JobSet controller can run
-here): the test plays the controller by writing the JobSet's status, and checks
-what the backend asks of the API, not what Kubernetes does with it.
+The JobSet's fields are checked against the v1alpha2 field names, and the Job it
+replicates — where nearly all of the content is — validates strictly as a core
+``batch/v1`` Job with ``kubernetes-validate``. The backend tests run against the
+one Kubernetes fake (tests/kubefake): no API server, Kueue or JobSet controller
+can run here, so the fake admits the JobSet through the CRD schema, the JobSet
+and Kueue webhooks, authorizes each call by deploy/'s RBAC, and moves the
+JobSet as Kueue and the JobSet and Job controllers do when the test admits it,
+starts, evicts, fails or completes its pods.
 """
 
 from __future__ import annotations
 
-import http.server
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fake_kube import JsonHandler, kube_client
+from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.test_kube_volcano import RUN_ID, rendered_plan
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend, gang_kind
@@ -129,60 +128,23 @@ def test_an_unknown_gang_scheduler_is_refused_by_name() -> None:
 
 # -- the backend, with gang_scheduler = kueue -------------------------------------------
 
-JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/ml/jobsets"
-
-
-class FakeApi:
-    def __init__(self) -> None:
-        self.jobsets: dict[str, dict[str, Any]] = {}
-        self.requests: list[tuple[str, str]] = []
-
-
-def handler_for(api: FakeApi) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(JsonHandler):
-        def _path(self) -> str:
-            path = self.path.split("?", 1)[0]
-            api.requests.append((self.command, path))
-            return path
-
-        def do_POST(self) -> None:  # noqa: N802 - http.server names
-            path, body = self._path(), self._body()
-            if path != JOBSETS:
-                return self._send(404, {"kind": "Status", "code": 404})
-            name = body["metadata"]["name"]
-            if name in api.jobsets:
-                return self._send(409, {"kind": "Status", "code": 409})
-            # Kueue's webhook suspends a new workload until it is admitted.
-            status = {"conditions": [{"type": "Suspended", "status": "True"}]}
-            api.jobsets[name] = body | {"status": status}
-            return self._send(201, api.jobsets[name])
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server names
-            if match := re.fullmatch(JOBSETS + r"/([\w-]+)", self._path()):
-                found = api.jobsets.get(match.group(1))
-                return self._send(200, found) if found else self._send(404, {"code": 404})
-            return self._send(404, {"code": 404})
-
-        def do_DELETE(self) -> None:  # noqa: N802 - http.server names
-            if match := re.fullmatch(JOBSETS + r"/([\w-]+)", self._path()):
-                if api.jobsets.pop(match.group(1), None) is None:
-                    return self._send(404, {"code": 404})
-                return self._send(200, {"kind": "Status", "status": "Success"})
-            return self._send(404, {"code": 404})
-
-    return Handler
+NS = "tideflow"
+WORKER = service_account(NS, "tideflow-airflow-worker")
+TRIGGERER = service_account(NS, "tideflow-airflow-triggerer")
+BROKER = service_account(NS, "tideflow-broker")
+SETTINGS = KubeSettings(namespace=NS, gang_scheduler="kueue")
 
 
 @pytest.fixture
-def fake() -> Iterator[tuple[FakeApi, Any]]:
-    api = FakeApi()
-    with kube_client(handler_for(api)) as client:
-        yield api, client
+def fake() -> Iterator[KubeFake]:
+    with KubeFake() as cluster:
+        cluster.apply(DEPLOY / "priority-classes.yaml", DEPLOY / "kueue-queues.yaml")
+        yield cluster
 
 
-def gang() -> GangJob:
+def gang(gang_id: str = "digits/manual__2026-11-23T12:00:00+00:00/train") -> GangJob:
     return GangJob(
-        "digits/manual__2026-11-23T12:00:00+00:00/train",
+        gang_id,
         ("python", "-m", "tideflow.examples.digits_train"),
         {"TIDEFLOW_CHECKPOINT_URI": "s3://tideflow/ckpt"},
         tuple(WorkerSlot(rank, "", (0, 1)) for rank in range(4)),
@@ -194,15 +156,22 @@ def gang() -> GangJob:
     )
 
 
-def test_kueue_backend_creates_one_jobset_and_follows_admission_and_restarts(
-    fake: tuple[FakeApi, Any],
+def test_the_digits_jobset_is_admitted_by_the_jobset_and_kueue_webhooks(
+    repo: Path, fake: KubeFake
 ) -> None:
-    api, client = fake
-    backend = KubernetesBackend(client, KubeSettings(namespace="ml", gang_scheduler="kueue"))
+    created = fake.create(digits_jobset(repo), WORKER)
+    assert created["spec"]["suspend"] is True  # Kueue's webhook: wait for admission
+    assert created["spec"]["replicatedJobs"][0]["groupName"] == "default"  # CRD default
+
+
+def test_kueue_backend_creates_one_jobset_and_follows_admission_and_restarts(
+    fake: KubeFake,
+) -> None:
+    backend = KubernetesBackend(fake.client(WORKER), SETTINGS)
     pending = backend.submit(gang())
-    assert pending.state is GangState.PENDING and "Kueue" in pending.message
-    (name,) = api.jobsets
-    obj = api.jobsets[name]
+    assert pending.state is GangState.PENDING
+    name = backend.job_name(gang().gang_id)
+    obj = fake.jobset.jobset(NS, name)
     assert obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "nlp"
     pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
@@ -213,31 +182,37 @@ def test_kueue_backend_creates_one_jobset_and_follows_admission_and_restarts(
     assert {"key": "tideflow.io/pool", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
+    suspended = backend.status(gang().gang_id)
+    assert suspended is not None and suspended.state is GangState.PENDING
+    assert suspended.message == "jobset is suspended"  # the JobSet controller's condition
 
-    def state(status: dict[str, Any]) -> Any:
-        api.jobsets[name]["status"] = status
-        found = backend.status(gang().gang_id)
-        assert found is not None
-        return found
-
-    admitted = {"replicatedJobsStatus": [{"name": "worker", "active": 1, "ready": 1}]}
-    assert state(admitted).state is GangState.RUNNING
-    after_eviction = state({**admitted, "restarts": 1})
-    assert after_eviction.state is GangState.RUNNING and after_eviction.restarts == 1
+    # Kueue admits it on the H100s the nlp ClusterQueue borrows from the training cohort
+    assert fake.kueue.admit(NS, name) == {"nvidia.com/gpu": "h100"}
+    fake.jobset.pods_running(NS, name)
+    assert backend.status(gang().gang_id).state is GangState.RUNNING  # type: ignore[union-attr]
+    # the broker evicts the gang: it restarts without using up a restart
+    KubernetesBackend(fake.client(BROKER), SETTINGS).preempt(gang().gang_id)
+    fake.pods.finish_terminating(NS)
+    after_eviction = backend.status(gang().gang_id)
+    assert after_eviction is not None and after_eviction.state is GangState.RUNNING
+    assert after_eviction.restarts == 1
     # a worker restarted after that reattaches to the same JobSet
-    assert KubernetesBackend(client, backend.settings).submit(gang()).restarts == 1
-    assert [r for r in api.requests if r[0] == "POST"] == [("POST", JOBSETS)]
-    done = state({"restarts": 1, "conditions": [{"type": "Completed", "status": "True"}]})
-    assert done.state is GangState.SUCCEEDED
-    failed = state(
-        {
-            "restarts": 0,
-            "conditions": [
-                {"type": "Completed", "status": "False"},
-                {"type": "Failed", "status": "True", "message": "FailJobSet: PodFailurePolicy"},
-            ],
-        }
-    )
-    assert failed.state is GangState.FAILED and "PodFailurePolicy" in failed.message
-    backend.cancel(gang().gang_id)
+    assert KubernetesBackend(fake.client(WORKER), SETTINGS).submit(gang()).restarts == 1
+    creates = [r for r in fake.requests_by(WORKER) if r.method == "POST"]
+    assert [(r.resource, r.code) for r in creates] == [("jobsets", 201)]
+    fake.jobset.pods_running(NS, name)
+    fake.jobset.pods_succeeded(NS, name)
+    done = backend.status(gang().gang_id)
+    assert done is not None and done.state is GangState.SUCCEEDED and done.restarts == 1
+
+    # exit 76, the training-health guard: the JobSet fails at once
+    other = gang("digits/manual__2026-11-24T12:00:00+00:00/train")
+    backend.submit(other)
+    fake.kueue.admit(NS, backend.job_name(other.gang_id))
+    fake.jobset.pods_running(NS, backend.job_name(other.gang_id))
+    fake.jobset.pod_failed(NS, backend.job_name(other.gang_id), exit_code=76)
+    failed = backend.status(other.gang_id)
+    assert failed is not None and failed.state is GangState.FAILED and failed.restarts == 0
+    assert "FailJobSet" in failed.message
+    KubernetesBackend(fake.client(TRIGGERER), SETTINGS).cancel(gang().gang_id)
     assert backend.status(gang().gang_id) is None

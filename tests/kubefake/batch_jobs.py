@@ -127,6 +127,10 @@ class Jobs:
                 }
             )
             self.fake.write_status(POD, pod, {"phase": "Pending"})
+        job = self.fake.store.get(JOB, meta["namespace"], meta["name"])
+        if job is not None:
+            status = {**(job.get("status") or {}), "active": len(self.active(job))}
+            self.fake.write_status(JOB, job, status)
 
     @staticmethod
     def pod_failure_rule(job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str] | None:
