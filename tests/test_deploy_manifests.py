@@ -19,6 +19,7 @@ import copy
 import ipaddress
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.crd_schema import SCHEMAS, crd_schema, validate
+from tests.kubefake import KubeFake
+from tests.kubefake.schemas import SCHEMAS, crd_schema, validate
 from tests.vap_cel import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -599,48 +601,30 @@ def test_the_node_policy_compares_every_field_of_a_node_spec() -> None:
         assert evaluate(node_policy(), old=gpu_node(), new=new, username=BROKER), field
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch, as the API server applies application/merge-patch+json."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-class NodePatches:
-    def __init__(self) -> None:
-        self.patches: list[tuple[str, dict[str, Any], str]] = []
-
-    def patch_node(self, name: str, body: dict[str, Any], **kwargs: Any) -> None:
-        self.patches.append((name, body, kwargs["_content_type"]))
+@pytest.fixture
+def kube() -> Iterator[KubeFake]:
+    """The one Kubernetes fake (tests/kubefake): the real client, deploy/'s RBAC and policy."""
+    with KubeFake() as fake:
+        fake.apply(DEPLOY / "broker-rbac.yaml", DEPLOY / "kueue-queues.yaml")
+        yield fake
 
 
 @pytest.mark.parametrize("pool", ["inference", "training"])
-def test_the_brokers_own_node_patch_is_admitted(pool: str) -> None:
-    from kubernetes.client import ApiClient, V1Node
+def test_the_brokers_own_node_patch_is_admitted(kube: KubeFake, pool: str) -> None:
+    from kubernetes import client
 
     from tideflow.broker.kubernetes import MERGE, ClusterTarget, KubernetesActuator
 
-    api = ApiClient()
     start = changed(moved_to("training" if pool == "inference" else "inference"))
-
-    class Response:
-        data = json.dumps(start)
-
-    node = api.deserialize(Response(), V1Node)  # what the broker's client reads
-    actuator = KubernetesActuator(None, ClusterTarget())
-    fake = NodePatches()
-    actuator.core = fake
-    actuator._set_pool(node, pool)
-    ((name, body, content),) = fake.patches
-    assert (name, content) == ("gpu-1", MERGE)
-    sent = json.loads(json.dumps(api.sanitize_for_serialization(body)))
-    patched = merge_patch(start, sent)
+    kube.create(start)
+    api = kube.client(BROKER)
+    node = client.CoreV1Api(api).read_node("gpu-1")  # what the broker's client reads
+    KubernetesActuator(api, ClusterTarget())._set_pool(node, pool)
+    (patch,) = [r for r in kube.requests_by(BROKER) if r.verb == "patch"]
+    # admitted by the API's RBAC and by the ValidatingAdmissionPolicy above
+    assert (patch.name, patch.content_type, patch.code) == ("gpu-1", MERGE, 200)
+    patched = kube.get("v1", "Node", "gpu-1")
+    assert patched["metadata"]["labels"]["tideflow.io/pool"] == pool
     assert evaluate(node_policy(), old=start, new=patched, username=BROKER) == []
 
 
@@ -1016,6 +1000,20 @@ def test_every_object_is_either_core_or_a_known_crd() -> None:
             assert is_crd(obj), (obj["apiVersion"], obj["kind"])
 
 
+def test_every_manifest_in_deploy_is_admitted_by_the_kubernetes_fake() -> None:
+    """Applied in order (the namespace first) to the one Kubernetes fake, every object passes
+    its admission: the core schemas, the CRD schemas and their CEL rules, the Volcano queue
+    webhook and the Priority plugin. volcano-queues.yaml's team queues are refused by
+    Volcano's webhook; tests/test_kube_conformance.py holds that test."""
+    with KubeFake(namespaces=()) as fake:
+        created = fake.apply(DEPLOY / "namespace.yaml")
+        for path in sorted(DEPLOY.glob("*.yaml")):
+            if path.name not in ("namespace.yaml", "volcano-queues.yaml"):
+                created += fake.apply(path)  # raises ApiError for a refused object
+    expected = [o for o in objects() if o["kind"] != "Queue"]
+    assert len(created) == len(expected)
+
+
 CLUSTER_SCOPED = {
     "Namespace",
     "ValidatingAdmissionPolicy",
@@ -1164,55 +1162,34 @@ def test_every_team_queue_covers_what_a_gang_pod_requests() -> None:
             assert requested <= covered, (queue["metadata"]["name"], device_class)
 
 
-class FakeCustomObjects:
-    """The two calls the broker's Kueue path makes, against an in-memory ClusterQueue."""
-
-    def __init__(self, queue: dict[str, Any]) -> None:
-        self.queue = copy.deepcopy(queue)
-        self.patches: list[tuple[str, dict[str, Any], str]] = []
-
-    def get_cluster_custom_object(
-        self, group: str, version: str, plural: str, name: str
-    ) -> dict[str, Any]:
-        assert (group, version, plural) == ("kueue.x-k8s.io", "v1beta2", "clusterqueues")
-        assert name == self.queue["metadata"]["name"], f"the broker reads ClusterQueue {name}"
-        return copy.deepcopy(self.queue)
-
-    def patch_cluster_custom_object(
-        self, group: str, version: str, plural: str, name: str, body: Any, **kwargs: Any
-    ) -> None:
-        self.patches.append((name, body, kwargs["_content_type"]))
-        self.queue["spec"].update(body["spec"])  # a merge patch replaces the list whole
-
-
 @pytest.mark.parametrize("flavor", ["h100", None])
-def test_the_broker_moves_the_training_cluster_queues_h100_quota(flavor: str | None) -> None:
+def test_the_broker_moves_the_training_cluster_queues_h100_quota(
+    kube: KubeFake, flavor: str | None
+) -> None:
     from tideflow.broker.kubernetes import MERGE, ClusterTarget, KubernetesActuator
 
-    queue = named("ClusterQueue", ClusterTarget().training_queue)
     target = ClusterTarget(queue_kind="kueue", kueue_flavor=flavor)
-    actuator = KubernetesActuator(None, target)
-    fake = FakeCustomObjects(queue)
-    actuator.custom = fake
-    actuator._set_training_quota(64)
-    ((name, _body, content),) = fake.patches
-    assert (name, content) == ("training", MERGE)
+    KubernetesActuator(kube.client(BROKER), target)._set_training_quota(64)
+    (patch,) = [r for r in kube.requests_by(BROKER) if r.verb == "patch"]
+    # the patched queue was admitted: Kueue's CRD schema and its CEL rules
+    assert (patch.name, patch.content_type, patch.code) == ("training", MERGE, 200)
+    queue = kube.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", ClusterTarget().training_queue)
     quotas = {
         (f["name"], r["name"]): r["nominalQuota"]
-        for group in fake.queue["spec"]["resourceGroups"]
+        for group in queue["spec"]["resourceGroups"]
         for f in group["flavors"]
         for r in f["resources"]
     }
     assert quotas == {("h100", "nvidia.com/gpu"): "64"}
-    if SCHEMAS.is_dir():  # what the API server would receive still validates
-        assert validate(fake.queue, schema_for(fake.queue)) == []
 
 
-def test_the_broker_finds_no_quota_in_a_team_queue_flavor_it_does_not_manage() -> None:
+def test_the_broker_finds_no_quota_in_a_team_queue_flavor_it_does_not_manage(
+    kube: KubeFake,
+) -> None:
     from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
 
-    actuator = KubernetesActuator(None, ClusterTarget(queue_kind="kueue", kueue_flavor="a100"))
-    actuator.custom = FakeCustomObjects(named("ClusterQueue", "training"))
+    target = ClusterTarget(queue_kind="kueue", kueue_flavor="a100")
+    actuator = KubernetesActuator(kube.client(BROKER), target)
     with pytest.raises(ValueError, match=r"no nvidia\.com/gpu quota in flavor a100"):
         actuator._set_training_quota(64)
 

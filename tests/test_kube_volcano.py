@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.crd_schema import SCHEMAS, crd_schema, validate
+from tests.kubefake.schemas import SCHEMAS, crd_schema, validate
 from tideflow.compile.dag_plan import DagPlan, compile_dag_plan
 from tideflow.kube import KubeSettings, dns_label, volcano_job
 from tideflow.spec import load_pipeline

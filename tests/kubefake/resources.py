@@ -44,6 +44,7 @@ RESOURCES = [
     _core("configmaps", "ConfigMap"),
     _core("secrets", "Secret"),
     _core("serviceaccounts", "ServiceAccount"),
+    _core("persistentvolumeclaims", "PersistentVolumeClaim"),
     Resource("apps", "v1", "deployments", "Deployment", True, ("status", "scale")),
     Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", True),
     Resource("batch", "v1", "jobs", "Job", True),
