@@ -59,7 +59,8 @@ def test_parallel_submits_start_one_supervisor_and_one_set_of_workers(tmp_path: 
     ]
     for process in submitters:
         process.start()
-    counts = []
+    counts: list[tuple[int, int, bool]] = []
+    details: list[str] = []
     try:
         for round_index in range(ROUNDS):
             gang_id = f"race/{round_index}"
@@ -76,10 +77,26 @@ def test_parallel_submits_start_one_supervisor_and_one_set_of_workers(tmp_path: 
             workers = [pid for pid in workers if pid not in supervisors]
             recorded = int((backend.gang_dir(gang_id) / "supervisor.pid").read_text())
             counts.append((len(supervisors), len(workers), supervisors == [recorded]))
+            if counts[-1] != (1, 1, True):
+                details.append(_describe(round_index, supervisors + workers, backend, gang_id))
             backend.cancel(gang_id)
             assert backend.wait(gang_id, 30).state is GangState.CANCELLED
             barrier.wait(timeout=60)
     finally:
         for process in submitters:
             process.join(timeout=30)
-    assert counts == [(1, 1, True)] * ROUNDS
+    assert counts == [(1, 1, True)] * ROUNDS, "\n".join(details)
+
+
+def _describe(round_index: int, pids: list[int], backend: LocalBackend, gang_id: str) -> str:
+    """What the process table and the gang's log said when a round went wrong."""
+    lines = [f"round {round_index}:"]
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        lines.append(f"  pid {pid} state {stat[0]} ppid {stat[1]}: {cmdline}")
+    lines.append(backend.log_path(gang_id).read_text())
+    return "\n".join(lines)

@@ -45,7 +45,10 @@ def _alive(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no procfs: trust kill(0)
-    if b"tideflow.backends.local_supervisor" not in cmdline:
+    # Right after it is started, a process can show an empty command line for a
+    # moment (its exec is still under way): that is our supervisor starting, and
+    # taking it for dead would let a second submit start another one.
+    if cmdline and b"tideflow.backends.local_supervisor" not in cmdline:
         return False
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
