@@ -89,18 +89,29 @@ def test_evaluation_takes_a_spare_gpu_where_the_cluster_has_no_npu(
     assert env["TIDEFLOW_DEVICE_CLASS"] == "gpu"
 
 
-def test_task_pods_validate_as_core_pods_and_survive_dag_serialization(
-    repo: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("with_cluster", [False, True])
+def test_task_pods_are_admitted_as_core_pods_and_survive_dag_serialization(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_cluster: bool
 ) -> None:
-    import kubernetes_validate
+    """Each override, completed as the KubernetesExecutor completes it (image, name), is
+    created in the one Kubernetes fake (tests/kubefake): strict core-schema validation, and
+    its PriorityClass must be one deploy/ defines (the Priority admission plugin)."""
     from airflow.serialization.serialized_objects import DagSerialization
 
-    dag = digits_dag(repo, monkeypatch, None)
-    for pod in pods(dag).values():
-        pod["spec"]["containers"][0]["image"] = "registry.example.com/tideflow:0.1.0"
-        kubernetes_validate.validate(
-            {"apiVersion": "v1", "kind": "Pod", **pod}, "1.33", strict=True
-        )
+    from tests.kubefake import DEPLOY, KubeFake
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER)
+    dag = digits_dag(repo, monkeypatch, cluster if with_cluster else None)
+    with KubeFake() as fake:
+        fake.apply(DEPLOY / "priority-classes.yaml")
+        for task_id, pod in pods(dag).items():
+            pod["spec"]["containers"][0]["image"] = "registry.example.com/tideflow:0.1.0"
+            pod["metadata"] = {**pod["metadata"], "name": task_id, "namespace": "tideflow"}
+            created = fake.create({"apiVersion": "v1", "kind": "Pod", **pod})
+            assert created["spec"]["priority"] is not None
+    if with_cluster:
+        return
     restored = DagSerialization.from_dict(DagSerialization.to_dict(dag))
     override = restored.get_task("evaluate").executor_config["pod_override"]
     assert override.spec.node_selector == {"tideflow.io/pool": "npu"}
