@@ -381,8 +381,10 @@ def test_one_box_named_twice_is_refused_not_booked_twice(tmp_path: Path) -> None
     path = tmp_path / "leases.db"
     first = open_ledger(path, str(_cluster_file(tmp_path, "a.yaml", "box-a")))
     assert isinstance(first.try_acquire(gang("g1", 1, 8), "h", 60), Lease)
+    second = open_ledger(path, str(_cluster_file(tmp_path, "b.yaml", "box-b")))
+    assert [lease.gang_id for lease in second.leases()] == ["g1"]  # reading needs no check
     with pytest.raises(InventoryChangedError) as refused:
-        open_ledger(path, str(_cluster_file(tmp_path, "b.yaml", "box-b")))
+        second.try_acquire(gang("g2", 1, 8), "h", 60)
     message = str(refused.value)
     assert "8 held claim(s) are on devices this process's inventory 'lab' (nodes: box-b)" in message
     assert "box-a gpu 0 (gang g1)" in message and "and 3 more" in message

@@ -18,9 +18,10 @@ give it a higher priority, or let the broker reserve capacity for it.
 Every process must place against the same inventory: two processes that name
 one 8-GPU box differently would each see 8 free GPUs. The ledger keeps the
 fingerprint of the inventory it last placed with; a process whose inventory
-differs may take over only if every held claim is on a device its own
-inventory has (a node added, say). Otherwise it is refused with
-``InventoryChangedError``, naming the claims it cannot account for.
+differs may place a gang only if every held claim is on a device its own
+inventory has (a node added, say), and its inventory then becomes the
+ledger's. Otherwise placing is refused with ``InventoryChangedError``, naming
+the claims it cannot account for. Reading the ledger needs no inventory check.
 
 Leases expire unless renewed (the holder died); waiters that stop polling
 are forgotten. Both are cleaned inside every transaction, using the injected
@@ -122,10 +123,10 @@ class LeaseLedger:
                 setup.execute("ALTER TABLE leases ADD COLUMN min_workers INTEGER")
         finally:
             setup.close()
+        # Checked when this process places a gang (try_acquire), not here: readers
+        # (the tideflow page, the broker's view of leases) may open the ledger with
+        # whatever inventory they were started with.
         self.fingerprint = inventory_fingerprint(inventory)
-        with self._transaction() as db:
-            self._expire(db, self.clock())
-            self._adopt_inventory(db)
 
     def _adopt_inventory(self, db: sqlite3.Connection) -> None:
         """Record this process's inventory as the ledger's, if the held claims allow it."""
