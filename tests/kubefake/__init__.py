@@ -17,6 +17,8 @@ What it reproduces
     propagationPolicy and the garbage collector's cascade (api.py);
   * the pods/eviction subresource with PodDisruptionBudgets (eviction.py), the
     Deployment scale subresource, the status subresource for controllers;
+    graceful deletion of running pods (pods.py: Terminating, with the
+    DisruptionTarget condition when evicted, until the test finishes them);
   * admission (admission.py): CRD schemas with structural defaults and
     x-kubernetes-validations CEL rules, core kinds with kubernetes-validate,
     strictly (schemas.py); NamespaceLifecycle, Priority and
@@ -39,12 +41,19 @@ What it does NOT do
   scheduling or any placement decision, running containers, DNS, networking,
   resource accounting on nodes, PodGroups and gang scheduling, the disruption
   controller (a test writes a budget's status), Workload objects, preemption
-  and fair sharing in Kueue, finalizers and graceful deletion (objects go at
-  once), server-side apply, field managers, admission chains beyond the rules
-  named above, API discovery, authentication beyond bearer tokens, and any
-  behaviour of a Kubernetes version other than the one its rules were read
-  from. Where a rule was written from memory of an upstream file that is not
-  in the reference, its comment says so.
+  and fair sharing in Kueue, finalizers (objects other than running pods go at
+  once; Foreground deletion removes the owner first), the controllers' own
+  RBAC, server-side apply, field managers, core defaulting, semantic
+  validation of built-in kinds beyond their OpenAPI schema, admission chains
+  beyond the rules named above, API discovery, authentication beyond bearer
+  tokens, and any behaviour of a Kubernetes version other than the one its
+  rules were read from. Where a rule was written from memory of an upstream
+  file that is not in the reference, its comment says so.
+
+``fake.seed(...)`` stores objects the cluster already holds without webhooks or
+RBAC (for state a test is not about, such as Volcano team queues that the
+queue webhook refuses today); everything else goes through ``fake.create`` or
+the real clients, and so through admission and authorization.
 
 Usage::
 
@@ -52,8 +61,10 @@ Usage::
         fake.seed(DEPLOY / "volcano-queues.yaml")
         api = fake.client(service_account("tideflow", "tideflow-airflow-worker"))
         ...                                 # tideflow code with the real client
-        fake.volcano.pods_running("tideflow", name)
-        assert [r.code for r in fake.requests] == [...]
+        fake.volcano.pods_running("tideflow", name)   # the scheduler and kubelets
+        fake.volcano.pod_failed("tideflow", name, index=1, exit_code=76)
+        fake.pods.finish_terminating("tideflow")      # killed pods leave the API
+        assert [r.code for r in fake.requests_by(user)] == [...]
 """
 
 from tests.kubefake.fake import DEPLOY, KubeFake, Logged
