@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.argo_run import dag_tasks, defaults, substitute, templates, variables
-from tests.crd_schema import SCHEMAS, crd_schema, validate
+from tests.kubefake.schemas import SCHEMAS, crd_schema, validate
 from tests.test_cli import tideflow
 from tideflow.argo import compile_pipeline, render
 from tideflow.compile.dag_plan import compile_dag_plan
