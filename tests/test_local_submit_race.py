@@ -8,8 +8,10 @@ that supervisor's, so cancel stops everything that was started.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,12 @@ def test_parallel_submits_start_one_supervisor_and_one_set_of_workers(tmp_path: 
     finally:
         for process in submitters:
             process.join(timeout=30)
+        # A second supervisor (the defect) is one cancel never reaches: stop what we started.
+        leftovers = _processes_with(str(tmp_path).encode(), "cmdline")
+        leftovers += _processes_with(f"GANG_RACE_ROUND={os.getpid()}-".encode(), "environ")
+        for pid in leftovers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert counts == [(1, 1, True)] * ROUNDS, "\n".join(details)
 
 
