@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
-from tideflow.storage import safe_segment
+from tideflow.storage import unique_segment
 
 REQUEST_FILE = "request"  # "cancel" or "preempt": what was last asked of the gang
 STOPPED_BEFORE_START = {
@@ -31,8 +30,7 @@ STOPPED_BEFORE_START = {
 
 
 def gang_dir_name(gang_id: str) -> str:
-    digest = hashlib.sha256(gang_id.encode()).hexdigest()[:10]
-    return f"{safe_segment(gang_id)[:80]}-{digest}"
+    return unique_segment(gang_id, 10)
 
 
 def _alive(pid: int) -> bool:

@@ -20,7 +20,6 @@ the artifact store and their clocks agree to within a small part of the TTL.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideflow.storage import Store, safe_segment
+from tideflow.storage import Store, unique_segment
 
 DEFAULT_TTL_S = 600.0
 _GENERATION = re.compile(r"gen-(\d{6})\.json$")
@@ -40,12 +39,6 @@ _GENERATION = re.compile(r"gen-(\d{6})\.json$")
 def claim_ttl_s() -> float:
     """How long a claim stands without its version before another attempt takes over."""
     return float(os.environ.get("TIDEFLOW_PROMOTION_CLAIM_TTL_S", DEFAULT_TTL_S))
-
-
-def _segment(text: str) -> str:
-    """A key segment that stays readable and can never collide for two different names."""
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    return f"{safe_segment(text)[:80]}-{digest}"
 
 
 @dataclass
@@ -61,7 +54,9 @@ class RegistrationClaim:
 
     @property
     def prefix(self) -> str:
-        return f"promotion-claims/{_segment(self.model)}/{_segment(self.run_id)}"
+        return (
+            f"promotion-claims/{unique_segment(self.model, 12)}/{unique_segment(self.run_id, 12)}"
+        )
 
     def _key(self, generation: int) -> str:
         return f"{self.prefix}/gen-{generation:06d}.json"

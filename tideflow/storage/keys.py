@@ -51,3 +51,15 @@ def safe_segment(text: str) -> str:
     """Make an arbitrary id (an Airflow run id, say) usable as one key segment."""
     cleaned = _UNSAFE_SEGMENT.sub("_", text).strip("._") or "_"
     return cleaned[:200]
+
+
+def unique_segment(text: str, digest_chars: int = 10) -> str:
+    """A readable key segment for ``text`` that two different texts never share.
+
+    ``safe_segment`` is lossy ("a/b" and "a_b" give the same); a short hash of the
+    original keeps them apart.
+    """
+    import hashlib
+
+    digest = hashlib.sha256(text.encode()).hexdigest()[:digest_chars]
+    return f"{safe_segment(text)[:80]}-{digest}"
