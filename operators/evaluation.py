@@ -78,8 +78,8 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
         if settings.backend == "kubernetes":
             # The task pod was made with the device (tideflow.kube.pods.task_pod);
             # the cluster's scheduler, not the lease ledger, waited for it.
+            from tideflow.inventory import load_cluster
             from tideflow.kube.pods import evaluation_device
-            from tideflow.spec import load_cluster
 
             inventory = load_cluster(settings.cluster_file) if settings.cluster_file else None
             where = evaluation_device(self.devices, inventory)

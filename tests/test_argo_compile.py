@@ -30,10 +30,10 @@ from tests.test_cli import tideflow
 from tideflow.argo import compile_pipeline, render
 from tideflow.compile.dag_plan import compile_dag_plan
 from tideflow.compile.templates import OutputRef, ParamRef, TemplateError, references, rewrite
-from tideflow.inventory import Inventory
+from tideflow.inventory import Inventory, load_cluster
 from tideflow.kube import KubeSettings
 from tideflow.kube.argo import compile_workflow
-from tideflow.spec import SpecError, load_cluster, load_pipeline
+from tideflow.spec import SpecError, load_pipeline
 
 GOLDEN = Path(__file__).with_name("golden") / "digits.argo.yaml"
 K8S_VERSION = "1.33"

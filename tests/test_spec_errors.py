@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tideflow.inventory import Inventory
-from tideflow.spec import PipelineSpec, SpecError, load_cluster, load_pipeline, parse_model
+from tideflow.inventory import Inventory, load_cluster
+from tideflow.spec import PipelineSpec, SpecError, load_pipeline, parse_model
 
 FILE = "pipelines/case.yaml"
 

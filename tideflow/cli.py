@@ -17,8 +17,8 @@ from typing import Any
 from tideflow import __version__
 from tideflow.compile.dag_plan import compile_dag_plan, topological_order
 from tideflow.config import Settings
-from tideflow.inventory import Inventory, detect_local
-from tideflow.spec import SpecError, find_pipelines, load_cluster, load_pipeline
+from tideflow.inventory import Inventory, detect_local, load_cluster
+from tideflow.spec import SpecError, find_pipelines, load_pipeline
 from tideflow.spec.params import ParamValueError, parse_param_overrides
 
 

@@ -1,8 +1,9 @@
 """Cluster inventory: which nodes exist and which devices each one holds.
 
-An inventory is either declared in a cluster file (``kind: Cluster``) or
-detected on this machine. Declaring devices the machine does not have is how
-scheduling scenarios run on a laptop: those devices are emulated on the CPU.
+An inventory is either declared in a cluster file (``kind: Cluster``, read by
+``load_cluster`` through the spec package's loader) or detected on this
+machine. Declaring devices the machine does not have is how scheduling
+scenarios run on a laptop: those devices are emulated on the CPU.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tideflow.spec.fields import MemoryQuantity, Name, fail
+from tideflow.spec.loader import load_model
 from tideflow.spec.models import DeviceClass, SpecModel
 
 
@@ -209,10 +211,13 @@ def detect_local(gpu_names: Iterable[str] | None = None) -> Inventory:
     return Inventory("localhost", (node,), declared=False)
 
 
+def load_cluster(path: str | os.PathLike[str]) -> Inventory:
+    """The inventory a cluster file (``kind: Cluster``) declares; ``SpecError`` if it is wrong."""
+    return Inventory.from_spec(load_model(path, ClusterSpec))
+
+
 def inventory_for(cluster_file: str | os.PathLike[str] | None) -> Inventory:
     """The declared inventory when a cluster file is given, else this machine."""
     if not cluster_file:
         return detect_local()
-    from tideflow.spec.loader import load_cluster
-
     return load_cluster(cluster_file)

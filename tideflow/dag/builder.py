@@ -81,9 +81,9 @@ def _task_pods(plan: DagPlan) -> dict[str, dict[str, Any]]:
         return {}
     from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 
+    from tideflow.inventory import load_cluster
     from tideflow.kube.pods import task_pod
     from tideflow.kube.settings import kube_settings_from_env
-    from tideflow.spec import load_cluster
 
     kube = kube_settings_from_env()
     inventory = load_cluster(settings.cluster_file) if settings.cluster_file else None

@@ -18,8 +18,8 @@ from typing import Any
 
 from tideflow.compile.dag_plan import compile_dag_plan
 from tideflow.config import Settings
-from tideflow.inventory import Inventory
-from tideflow.spec import SpecError, SpecIssue, find_pipelines, load_cluster, load_pipeline
+from tideflow.inventory import Inventory, load_cluster
+from tideflow.spec import SpecError, SpecIssue, find_pipelines, load_pipeline
 
 log = logging.getLogger(__name__)
 

@@ -7,17 +7,32 @@ other field of the same step is also wrong.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from tideflow.spec.errors import SpecIssue
-from tideflow.spec.models import GangTraining
+from tideflow.spec.models import DeviceClass, GangTraining
 from tideflow.spec.report import did_you_mean
 from tideflow.spec.yamlpos import Path, Positions, format_path
 
-if TYPE_CHECKING:
-    from tideflow.inventory import Inventory
+
+class ClusterCapacity(Protocol):
+    """What the gang-fit check asks of a cluster; ``tideflow.inventory.Inventory`` answers it.
+
+    The spec package sits below the inventory (which builds its cluster file on
+    the spec's models and loader), so it names only the questions it asks.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def max_gang_workers(
+        self, device_class: DeviceClass, model: str | None, devices_per_worker: int
+    ) -> int: ...
+
+    def describe(self, device_class: DeviceClass, model: str | None) -> str: ...
+
 
 _PARAM_REF = re.compile(r"params\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([A-Za-z_]\w*)['\"]\s*\])")
 _EXACT_PARAM = re.compile(r"^\s*\{\{\s*params\.([A-Za-z_]\w*)\s*\}\}\s*$")
@@ -139,7 +154,7 @@ class _Checker:
                 return spec["default"]
         return None
 
-    def check_gang_fit(self, inventory: Inventory) -> None:
+    def check_gang_fit(self, inventory: ClusterCapacity) -> None:
         for index, step in self.steps():
             block = step.get("gang_training")
             if not isinstance(block, dict):
@@ -168,7 +183,7 @@ class _Checker:
 
 
 def cross_step_issues(
-    data: Any, file: str, positions: Positions, inventory: Inventory | None
+    data: Any, file: str, positions: Positions, inventory: ClusterCapacity | None
 ) -> list[SpecIssue]:
     if not isinstance(data, dict):
         return []

@@ -5,19 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from tideflow.spec.checks import cross_step_issues
+from tideflow.spec.checks import ClusterCapacity, cross_step_issues
 from tideflow.spec.errors import SpecError, SpecIssue
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.report import issues_from_validation
 from tideflow.spec.yamlpos import LIMITS, Positions, format_path, load_yaml, too_large
 from tideflow.storage.roots import StoreRootError, check_root
-
-if TYPE_CHECKING:  # the inventory module builds on the spec package, not the reverse
-    from tideflow.inventory import Inventory
 
 M = TypeVar("M", bound=BaseModel)
 PIPELINE_SUFFIXES = (".yaml", ".yml")
@@ -54,7 +51,7 @@ def parse_model(
     text: str,
     file: str,
     model: type[M],
-    inventory: Inventory | None = None,
+    inventory: ClusterCapacity | None = None,
     store_roots: StoreRoots | None = None,
 ) -> M:
     """Validate ``text`` as ``model``; raise ``SpecError`` with all problems found.
@@ -113,27 +110,27 @@ def _store_issues(
     return issues
 
 
+def load_model(
+    path: str | os.PathLike[str],
+    model: type[M],
+    inventory: ClusterCapacity | None = None,
+    store_roots: StoreRoots | None = None,
+) -> M:
+    """Read and validate a spec file as ``model`` (the checks ``parse_model`` documents)."""
+    file = Path(path)
+    text, issues = _read(file)
+    if text is None:
+        raise SpecError(display_path(file), issues)
+    return parse_model(text, display_path(file), model, inventory, store_roots)
+
+
 def load_pipeline(
     path: str | os.PathLike[str],
-    inventory: Inventory | None = None,
+    inventory: ClusterCapacity | None = None,
     store_roots: StoreRoots | None = None,
 ) -> PipelineSpec:
     """Load and validate a pipeline file (the checks ``parse_model`` documents)."""
-    file = Path(path)
-    text, issues = _read(file)
-    if text is None:
-        raise SpecError(display_path(file), issues)
-    return parse_model(text, display_path(file), PipelineSpec, inventory, store_roots)
-
-
-def load_cluster(path: str | os.PathLike[str]) -> Inventory:
-    from tideflow.inventory import ClusterSpec, Inventory
-
-    file = Path(path)
-    text, issues = _read(file)
-    if text is None:
-        raise SpecError(display_path(file), issues)
-    return Inventory.from_spec(parse_model(text, display_path(file), ClusterSpec))
+    return load_model(path, PipelineSpec, inventory, store_roots)
 
 
 def find_pipelines(directory: str | os.PathLike[str]) -> list[Path]:
