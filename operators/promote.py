@@ -24,7 +24,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
 from tideflow.operators.entrypoints import EntryPointRunner
-from tideflow.steps.entrypoints import StepError
 
 
 class PromoteCheckpointOperator(EntryPointRunner, TideflowOperator):
@@ -64,7 +63,7 @@ class PromoteCheckpointOperator(EntryPointRunner, TideflowOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from tideflow.config import Settings
         from tideflow.promotion import registry
-        from tideflow.promotion.promote import PromotionRequest, promote
+        from tideflow.promotion.promote import PromotionError, PromotionRequest, promote
         from tideflow.tracking import tracking_enabled
 
         if not tracking_enabled():
@@ -111,7 +110,7 @@ class PromoteCheckpointOperator(EntryPointRunner, TideflowOperator):
 
         try:
             result = promote(registry.client(), request, build, self.log.info)
-        except StepError as exc:
+        except PromotionError as exc:
             raise (AirflowFailException if exc.final else AirflowException)(str(exc)) from exc
         if result.run_tags is not None:
             finish_tracking(self, run_id, succeeded=True, tags=result.run_tags)

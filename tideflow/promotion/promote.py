@@ -13,6 +13,11 @@ MLflow run and who is acting; this module decides and moves the registry:
   registered once (found again by the run), the alias moves (the old holder
   keeps ``previous-champion``), the checkpoint is copied under ``promoted/`` so
   retention never deletes it, and an audit record is written.
+
+A promotion that cannot go on raises ``PromotionError`` (``final`` when a retry
+cannot help); each caller maps it to its runtime's failure, so this package
+knows nothing of the steps package or Airflow. Whatever ``build`` raises passes
+through unchanged.
 """
 
 from __future__ import annotations
@@ -28,12 +33,19 @@ from typing import Any
 from tideflow.promotion import registry
 from tideflow.promotion.claim import RegistrationClaim
 from tideflow.promotion.gate import decide
-from tideflow.steps.entrypoints import StepError
 from tideflow.storage import open_store
 
 CLAIM_POLL_S = 0.5
 # Runs the step's builder entry point with these keyword arguments; returns its outputs.
 Build = Callable[[str | list[str], dict[str, Any]], dict[str, Any]]
+
+
+class PromotionError(Exception):
+    """The promotion cannot go on; ``final`` marks failures a retry cannot fix."""
+
+    def __init__(self, message: str, *, final: bool = False) -> None:
+        super().__init__(message)
+        self.final = final
 
 
 @dataclass(frozen=True)
@@ -74,7 +86,7 @@ def promote(
     mlflow: Any, request: PromotionRequest, build: Build, log: Callable[[str], None]
 ) -> PromotionResult:
     if not request.trained.get("checkpoint"):
-        raise StepError("tideflow: the training step reported no checkpoint")
+        raise PromotionError("tideflow: the training step reported no checkpoint")
     registry.ensure_registered_model(mlflow, request.model)
     existing = registry.version_for_run(mlflow, request.model, request.run_id)
     if _promoted(existing):
@@ -188,7 +200,7 @@ def _register(
     mlflow: Any, request: PromotionRequest, build: Build, claim: RegistrationClaim
 ) -> Any:
     if request.builder is None:
-        raise StepError(
+        raise PromotionError(
             f"tideflow: step '{request.step}' has no builder to "
             "turn the checkpoint into an MLflow model",
             final=True,
@@ -205,7 +217,7 @@ def _register(
     }
     built = build(request.builder, args)
     if "model_uri" not in built:
-        raise StepError("tideflow: the builder did not return a model_uri")
+        raise PromotionError("tideflow: the builder did not return a model_uri")
     tags = {
         **request.lineage,
         "tideflow.promotion_run": request.run_id,
@@ -214,7 +226,7 @@ def _register(
         **{f"{registry.METRIC_TAG}{k}": str(v) for k, v in request.metrics.items()},
     }
     if not claim.still_held():  # stalled past the claim's TTL: another attempt took over
-        raise StepError(
+        raise PromotionError(
             f"tideflow: this promotion attempt lost its claim to {claim.describe_holder()} "
             "while building the model; it registers nothing (a retry finds the version)"
         )

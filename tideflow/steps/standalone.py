@@ -237,7 +237,7 @@ def evaluation(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
 
 def promote_checkpoint(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
     from tideflow.promotion import registry
-    from tideflow.promotion.promote import PromotionRequest, promote, whoami
+    from tideflow.promotion.promote import PromotionError, PromotionRequest, promote, whoami
 
     config, a = step.config, step.args
     try:
@@ -271,7 +271,10 @@ def promote_checkpoint(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
             "tideflow.training_task": a.training_step or "",
         },
     )
-    result = promote(registry.client(), request, step.run, _say)
+    try:
+        result = promote(registry.client(), request, step.run, _say)
+    except PromotionError as exc:
+        raise StepError(str(exc), final=exc.final) from exc
     if result.run_tags is not None:
         step.finish(run_id, succeeded=True, tags=result.run_tags)
     return result.outputs, PROMOTION_OUTPUTS
