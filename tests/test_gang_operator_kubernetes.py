@@ -306,3 +306,39 @@ def test_cluster_gang_trigger_on_kill_deletes_the_gang_object(
     assert cluster.gang_objects() == []
     (delete,) = cluster.fake.requests_by(TRIGGERER)
     assert (delete.verb, delete.code) == ("delete", 200)
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_a_preempted_volcano_gang_resumes_as_one_job_without_using_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster
+) -> None:
+    """The broker evicts the running gang; its workers checkpoint and exit 75, Volcano aborts
+    the Job, the trigger reports it preempted, and the task replaces the aborted Job with
+    one that still allows both restarts; the second incarnation completes."""
+    from tideflow.kube.volcano import EXIT_PREEMPTED
+
+    cluster.fake.pods.termination_exit_code = EXIT_PREEMPTED
+
+    def start_and_preempt(info: Any) -> None:
+        # the broker's eviction (test_kube_conformance.py makes it through the API; here the
+        # fake is inside a watch request, so its effect is applied directly)
+        cluster.fake.volcano.pods_running(info.namespace, info.name)
+        job = cluster.fake.volcano.job(info.namespace, info.name)
+        for pod in cluster.fake.volcano.pods(job):
+            cluster.fake.pods.delete(pod, evicted=True)
+        cluster.fake.pods.finish_terminating(info.namespace)
+
+    def run_to_completion(info: Any) -> None:
+        cluster.fake.volcano.pods_running(info.namespace, info.name)
+        cluster.fake.volcano.pods_succeeded(info.namespace, info.name)
+
+    cluster.fake.when_watched(start_and_preempt, run_to_completion)
+    dag_run = run_dag(pipeline(tmp_path), monkeypatch)
+    assert states(dag_run) == {"train": "success"}
+    calls = [(r.verb, r.code) for r in cluster.fake.requests_by(WORKER) if r.verb != "get"]
+    assert calls == [("create", 201), ("delete", 200), ("create", 201)]
+    (job,) = cluster.gang_objects()  # the replacement, under the same name
+    assert job["spec"]["maxRetry"] == 3  # both restarts still left
+    assert job["status"]["state"]["phase"] == "Completed"
+    (ti,) = dag_run.get_task_instances()
+    assert ti.xcom_pull(task_ids="train")["restarts"] == 0

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.kubefake import DEPLOY, ApiError, KubeFake, service_account
+from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.argo import resource_state
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend, follow
@@ -138,31 +138,64 @@ def test_volcano_max_restarts_means_restarts(fake: KubeFake, max_restarts: int) 
     assert fake.volcano.restarts.get((NS, name), 0) == max_restarts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ApiError,
-    reason="defect 5: volcano validate_queue.go validateSiblingsSum refuses a child queue's "
-    "deserved under a parent without deserved (the sum exceeds the parent's zero limit)",
-)
 def test_volcano_queues_manifest_is_admitted() -> None:
+    """Defect 5: volcano validate_queue.go validateSiblingsSum refuses a child queue's
+    deserved under a parent without deserved (the sum exceeds the parent's zero limit), and
+    validateResourceQuantityOfQueue a parent's deserved above its capability. The parent
+    holds the teams' deserved summed, within the capability the broker moves."""
     with KubeFake() as fake:
         created = fake.apply(DEPLOY / "volcano-queues.yaml")
     assert {q["metadata"]["name"] for q in created} == {"training", "vision", "nlp"}
+    spec = {q["metadata"]["name"]: q["spec"] for q in created}
+    teams = sum(int(spec[t]["deserved"]["nvidia.com/gpu"]) for t in ("vision", "nlp"))
+    assert teams == int(spec["training"]["deserved"]["nvidia.com/gpu"])
+    assert teams <= int(spec["training"]["capability"]["nvidia.com/gpu"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect 8: a Volcano gang's preemption counts against its restarts: the evicted "
-    "worker fails (exit 75 -> RestartJob) and every RestartJob adds to status.retryCount "
-    "(volcano state/running.go), which maxRetry bounds",
-)
 def test_preemption_does_not_consume_restarts_volcano(fake: KubeFake) -> None:
-    name = submit(fake, gang())
+    """Defect 8 (Volcano). Every action that starts a Volcano Job's pods again adds to
+    status.retryCount, which maxRetry bounds: RestartJob (state/running.go) and ResumeJob
+    after an abort (state/aborting.go). A preempted gang is aborted instead (its worker
+    exits 75 after the checkpoint: the first policy that matches, job_controller_util.go
+    applyPolicies), and the next submit replaces the aborted Job with one that allows the
+    restarts still left. Three preemptions around one real failure leave max_restarts - 1."""
+    worker = KubernetesBackend(fake.client(WORKER), VOLCANO)
+    broker = KubernetesBackend(fake.client(BROKER), VOLCANO)
+    job = gang(max_restarts=2)
+    name = submit(fake, job)
+    for round_ in range(3):
+        fake.volcano.pods_running(NS, name)
+        if round_ == 1:  # a real failure in the middle: that one counts
+            fake.volcano.pod_failed(NS, name, exit_code=1)
+            fake.pods.finish_terminating(NS)
+            fake.volcano.pods_running(NS, name)
+        broker.preempt(job.gang_id)
+        fake.pods.finish_terminating(NS)
+        assert fake.volcano.phase(NS, name) == "Aborted"
+        preempted = worker.status(job.gang_id)
+        assert preempted is not None and preempted.state is GangState.PREEMPTED
+        resumed = worker.submit(job)  # what the operator does on PREEMPTED
+        assert resumed.state is GangState.PENDING
+        assert fake.volcano.phase(NS, name) == "Pending"
+        assert fake.volcano.job(NS, name)["status"].get("retryCount", 0) == 0
+    assert resumed.restarts == 1  # the one real failure, not the three preemptions
+    spec = fake.volcano.job(NS, name)["spec"]
+    assert spec["maxRetry"] == 2  # one restart left, as Volcano counts
+    jobs = fake.list("batch.volcano.sh/v1alpha1", "Job", NS)
+    assert [j["metadata"]["name"] for j in jobs] == [name]  # one gang, never two
+
+
+def test_a_worker_killed_by_sigterm_is_preempted_not_failed_volcano(fake: KubeFake) -> None:
+    """A plain training script has no SIGTERM handler: an evicted worker dies of the signal
+    (exit 143) before its pod is gone. That is a stop from outside, not a crash."""
+    fake.pods.termination_exit_code = 143
+    job = gang(max_restarts=0)
+    name = submit(fake, job)
     fake.volcano.pods_running(NS, name)
-    KubernetesBackend(fake.client(BROKER), VOLCANO).preempt(gang().gang_id)
+    KubernetesBackend(fake.client(BROKER), VOLCANO).preempt(job.gang_id)
     fake.pods.finish_terminating(NS)
-    assert fake.volcano.phase(NS, name) == "Pending"  # back in the queue, resuming
-    assert fake.volcano.job(NS, name)["status"]["retryCount"] == 0
+    status = KubernetesBackend(fake.client(WORKER), VOLCANO).status(job.gang_id)
+    assert status is not None and status.state is GangState.PREEMPTED
 
 
 def test_preemption_does_not_consume_restarts_jobset(fake: KubeFake) -> None:
@@ -222,8 +255,9 @@ def test_jobset_master_addr_is_worker_0s_host_name_and_ranks_are_completion_inde
 
 
 def test_the_airflow_identities_hold_exactly_what_the_gang_path_uses(fake: KubeFake) -> None:
-    """deploy/kubernetes/airflow-rbac.yaml: the worker gets and creates, the triggerer lists,
-    watches and deletes, for both kinds of gang object, and nothing is left unused."""
+    """deploy/kubernetes/airflow-rbac.yaml: the worker gets and creates (and replaces a
+    preempted or failed gang: delete), the triggerer lists, watches and deletes, for both kinds
+    of gang object, and nothing is left unused."""
     for settings, team in ((VOLCANO, "vision"), (KUEUE, "nlp")):
         job = GangJob(**{**gang(f"{team}/run/train").__dict__, "team": team})
         name = submit(fake, job, settings)
@@ -252,6 +286,13 @@ def test_the_airflow_identities_hold_exactly_what_the_gang_path_uses(fake: KubeF
 
         seen = asyncio.run(follow_until_running())
         assert seen[0] is GangState.PENDING and seen[-1] is GangState.RUNNING
+        if settings.gang_scheduler == "volcano":  # preempted, then resumed by the worker
+            KubernetesBackend(fake.client(BROKER), settings).preempt(job.gang_id)
+            fake.pods.finish_terminating(NS)
+        else:  # failed, then replaced by the task's retry
+            fake.jobset.pod_failed(NS, name, exit_code=76)
+        resumed = KubernetesBackend(fake.client(WORKER), settings).submit(job)
+        assert resumed.state is GangState.PENDING
         KubernetesBackend(fake.client(TRIGGERER), settings).cancel(job.gang_id)
     assert all(r.code < 400 or r.verb == "get" for r in fake.requests_by(WORKER))
     assert all(r.code < 400 for r in fake.requests_by(TRIGGERER))

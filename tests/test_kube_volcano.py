@@ -59,8 +59,10 @@ def test_digits_gang_is_all_or_nothing_with_gang_restarts(repo: Path) -> None:
     spec = obj["spec"]
     assert spec["minAvailable"] == 2 and spec["tasks"][0]["replicas"] == 2
     assert spec["queue"] == "vision" and spec["maxRetry"] == 3  # 2 restarts, as Volcano counts
-    assert {"event": "PodEvicted", "action": "RestartJob"} in spec["policies"]
-    assert {"exitCode": 75, "action": "RestartJob"} in spec["policies"]
+    # a preempted gang is aborted (and replaced by the backend), so it uses no restart
+    assert {"event": "PodEvicted", "action": "AbortJob"} in spec["policies"]
+    assert {"exitCode": 75, "action": "AbortJob"} in spec["policies"]
+    assert {"event": "PodFailed", "action": "RestartJob"} in spec["policies"]
     assert {"exitCode": 76, "action": "TerminateJob"} in spec["policies"]
     assert spec["plugins"] == {"svc": [], "env": []}
     pod = spec["tasks"][0]["template"]["spec"]

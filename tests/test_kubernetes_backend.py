@@ -115,12 +115,14 @@ def test_preempt_evicts_the_gangs_pods_and_cancel_deletes_the_job(fake: KubeFake
     backend(fake, BROKER).preempt(gang().gang_id)
     evictions = [r for r in fake.requests_by(BROKER) if r.resource == "pods/eviction"]
     assert [r.code for r in evictions] == [201] * 4
-    # the gang's workers stop; Volcano restarts the gang when they are gone
+    # the gang's workers stop; Volcano aborts the gang when they are gone (preempted)
     assert {p["metadata"]["uid"] for p in fake.volcano.pods(fake.volcano.job(NS, other))} == (
         untouched
     )
     fake.pods.finish_terminating(NS)
-    assert fake.volcano.phase(NS, name) == "Pending" and fake.volcano.phase(NS, other) == "Running"
+    assert fake.volcano.phase(NS, name) == "Aborted" and fake.volcano.phase(NS, other) == "Running"
+    preempted = worker.status(gang().gang_id)
+    assert preempted is not None and preempted.state is GangState.PREEMPTED
     triggerer = backend(fake, TRIGGERER)
     triggerer.cancel(gang().gang_id)
     triggerer.cancel(gang().gang_id)  # a second cancel is harmless
@@ -131,3 +133,32 @@ def test_preempt_evicts_the_gangs_pods_and_cancel_deletes_the_job(fake: KubeFake
     deletes = fake.requests_by(TRIGGERER)
     assert [(r.verb, r.code) for r in deletes] == [("delete", 200), ("delete", 404)]
     assert all("propagationPolicy=Foreground" in r.path for r in deletes)  # pods go with it
+
+
+def test_a_retry_after_a_failed_gang_replaces_it_and_a_succeeded_one_is_kept(
+    fake: KubeFake,
+) -> None:
+    """An Airflow (or Argo) retry of a failed gang step is a new attempt: the failed Job is
+    replaced under the same name with all its restarts, never left beside a second one.
+    A succeeded gang is kept: its result stands."""
+    worker = backend(fake)
+    job = GangJob(**{**gang().__dict__, "max_restarts": 0})
+    worker.submit(job)
+    name = worker.job_name(job.gang_id)
+    fake.volcano.pods_running(NS, name)
+    fake.volcano.pod_failed(NS, name, exit_code=1)
+    fake.pods.finish_terminating(NS)
+    failed = worker.status(job.gang_id)
+    assert failed is not None and failed.state is GangState.FAILED
+    first_uid = fake.volcano.job(NS, name)["metadata"]["uid"]
+    retried = worker.submit(job)
+    assert retried.state is GangState.PENDING and retried.restarts == 0
+    replacement = fake.volcano.job(NS, name)
+    assert replacement["metadata"]["uid"] != first_uid
+    assert [j["metadata"]["name"] for j in fake.list("batch.volcano.sh/v1alpha1", "Job", NS)] == [
+        name
+    ]
+    fake.volcano.pods_running(NS, name)
+    fake.volcano.pods_succeeded(NS, name)
+    assert worker.submit(job).state is GangState.SUCCEEDED
+    assert fake.volcano.job(NS, name)["metadata"]["uid"] == replacement["metadata"]["uid"]

@@ -6,9 +6,18 @@ The object's name is derived from the gang id, so a retried Airflow task (or a
 restarted worker) finds the object it created instead of creating a second one.
 Status comes from the object's status; preempting evicts the gang's pods
 through the Eviction API (PodDisruptionBudgets hold; the pods get their
-termination grace to checkpoint and exit 75, and the gang scheduler restarts
-the gang when its queue has room again); cancelling deletes the object and,
-in the foreground, its pods.
+termination grace to checkpoint and exit 75); cancelling deletes the object
+and, in the foreground, its pods.
+
+A preemption never uses up one of the gang's restarts. JobSet restarts it in
+place without counting (``RestartJobSetAndIgnoreMaxRestarts``). Volcano has no
+such action, so a preempted Volcano Job is aborted (``tideflow.kube.volcano``),
+reads as PREEMPTED, and the next ``submit`` replaces it: the aborted Job is
+deleted and a new one with the same name allows only the restarts the gang has
+left (it carries the count used so far in an annotation). ``submit`` replaces a
+failed or cancelled object the same way, with all restarts: that is a retry's
+new attempt. A pending, running or succeeded one is kept, so there is never a
+second gang.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from typing import Any
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
 from tideflow.kube.jobset import gang_jobset
 from tideflow.kube.names import dns_label, gang_object_name
-from tideflow.kube.volcano import GangShape, KubeSettings, gang_volcano_job
+from tideflow.kube.volcano import RESTARTS_USED, GangShape, KubeSettings, gang_volcano_job
 
 VOLCANO_PHASES = {
     "Pending": GangState.PENDING,
@@ -31,20 +40,38 @@ VOLCANO_PHASES = {
     "Failed": GangState.FAILED,
     "Terminating": GangState.FAILED,
     "Terminated": GangState.FAILED,
-    "Aborting": GangState.CANCELLED,
-    "Aborted": GangState.CANCELLED,
+    # Only the preemption policies abort a gang (tideflow.kube.volcano); cancelling
+    # deletes the Job instead.
+    "Aborting": GangState.RUNNING,
+    "Aborted": GangState.PREEMPTED,
 }
+# States in which ``submit`` keeps the existing object instead of replacing it.
+KEPT = (GangState.PENDING, GangState.RUNNING, GangState.SUCCEEDED)
+# How long ``submit`` waits for a replaced Job's foreground deletion (its pods have
+# already stopped, so only the garbage collector's removal of them is left).
+REPLACE_WAIT_S = 120.0
+
+
+def restarts_used(obj: dict[str, Any]) -> int:
+    """Restarts a gang has used: earlier incarnations' (annotated) plus this Job's."""
+    carried = int(((obj.get("metadata") or {}).get("annotations") or {}).get(RESTARTS_USED, 0))
+    status = obj.get("status") or {}
+    retries = int(status.get("retryCount", 0))
+    if (status.get("state") or {}).get("phase") == "Failed" and retries:
+        # The restart that found retryCount at maxRetry failed the job instead
+        # (volcano state/restarting.go): it was counted but never ran.
+        retries -= 1
+    return carried + retries
 
 
 def _volcano_status(gang_id: str, obj: dict[str, Any]) -> GangStatus:
-    status = obj.get("status") or {}
-    state = status.get("state") or {}
+    state = (obj.get("status") or {}).get("state") or {}
     phase = state.get("phase", "Pending")
+    message = state.get("message", "") or phase
+    if phase == "Aborted":
+        message = "preempted; resumes when submitted again, without using a restart"
     return GangStatus(
-        gang_id,
-        VOLCANO_PHASES.get(phase, GangState.PENDING),
-        int(status.get("retryCount", 0)),
-        state.get("message", "") or phase,
+        gang_id, VOLCANO_PHASES.get(phase, GangState.PENDING), restarts_used(obj), message
     )
 
 
@@ -73,7 +100,7 @@ class GangKind:
     group: str
     version: str
     plural: str
-    build: Callable[[GangShape, str, KubeSettings], dict[str, Any]]
+    build: Callable[..., dict[str, Any]]  # (shape, gang_id, settings, *, restarts_used)
     read_status: Callable[[str, dict[str, Any]], GangStatus]
 
 
@@ -103,7 +130,7 @@ class KubernetesBackend:
     def job_name(self, gang_id: str) -> str:
         return gang_object_name(gang_id, self.settings.gang_scheduler)
 
-    def manifest(self, job: GangJob) -> dict[str, Any]:
+    def manifest(self, job: GangJob, *, restarts_used: int = 0) -> dict[str, Any]:
         per_worker = max((len(s.devices) for s in job.slots), default=1) or 1
         shape = GangShape(
             name=self.job_name(job.gang_id),
@@ -118,15 +145,18 @@ class KubernetesBackend:
             priority=job.priority,
             max_restarts=job.max_restarts,
         )
+        if restarts_used:
+            return self.kind.build(shape, job.gang_id, self.settings, restarts_used=restarts_used)
         return self.kind.build(shape, job.gang_id, self.settings)
 
     def _get(self, gang_id: str) -> dict[str, Any] | None:
+        return self._get_by_name(self.job_name(gang_id))
+
+    def _get_by_name(self, name: str) -> dict[str, Any] | None:
         from kubernetes.client.rest import ApiException
 
         try:
-            found: dict[str, Any] = self.custom.get_namespaced_custom_object(
-                *self._where(), self.job_name(gang_id)
-            )
+            found: dict[str, Any] = self.custom.get_namespaced_custom_object(*self._where(), name)
             return found
         except ApiException as exc:
             if exc.status == 404:
@@ -143,17 +173,55 @@ class KubernetesBackend:
         from kubernetes.client.rest import ApiException
 
         existing = self._get(job.gang_id)
-        if existing is not None:  # a retried task reattaches; never a second Job
-            return self._status(job.gang_id, existing)
+        used = 0
+        if existing is not None:
+            status = self._status(job.gang_id, existing)
+            if status.state in KEPT:  # a retried task reattaches; never a second gang
+                return status
+            # Preempted: it resumes with the restarts it has left. Failed or cancelled:
+            # this is a new attempt (an Airflow or Argo retry), with all of them.
+            used = restarts_used(existing) if status.state is GangState.PREEMPTED else 0
+            self._delete_and_wait(existing)
         try:
             created = self.custom.create_namespaced_custom_object(
-                *self._where(), self.manifest(job)
+                *self._where(), self.manifest(job, restarts_used=used)
             )
         except ApiException as exc:
             if exc.status != 409:  # 409: created meanwhile by another attempt
                 raise
             created = self._get(job.gang_id) or {}
         return self._status(job.gang_id, created)
+
+    def _delete_and_wait(self, obj: dict[str, Any]) -> None:
+        """Delete a preempted gang's object (only that one: by uid) and wait until it is gone."""
+        import time
+
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        meta = obj["metadata"]
+        try:
+            self.custom.delete_namespaced_custom_object(
+                *self._where(),
+                meta["name"],
+                body=client.V1DeleteOptions(
+                    propagation_policy="Foreground",
+                    preconditions=client.V1Preconditions(uid=meta["uid"]),
+                ),
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone, or replaced by another attempt
+                raise
+        deadline = time.monotonic() + REPLACE_WAIT_S
+        while time.monotonic() < deadline:
+            current = self._get_by_name(meta["name"])
+            if current is None or current["metadata"]["uid"] != meta["uid"]:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"gang object {meta['name']} was still being deleted after {REPLACE_WAIT_S:.0f}s; "
+            "its pods may be stuck terminating"
+        )
 
     def status(self, gang_id: str) -> GangStatus | None:
         found = self._get(gang_id)

@@ -2,10 +2,16 @@
 
 * ``queue`` is the team; ``priorityClassName`` maps the step's priority.
 * Policies: exit 76 (the training-health guard) stops the gang without retrying;
-  an evicted or failed pod, or exit 75 (preempted after a checkpoint), restarts
-  the whole gang from its newest checkpoint (``RestartJob``, at most
-  ``max_restarts`` times: ``maxRetry`` is one more, as Volcano counts); the job
-  completes when the workers do.
+  a failed pod restarts the whole gang from its newest checkpoint
+  (``RestartJob``, at most ``max_restarts`` times: ``maxRetry`` is one more, as
+  Volcano counts); the job completes when the workers do.
+* A preemption never uses up a restart. Every Volcano action that starts the
+  pods again (RestartJob, and ResumeJob after an abort) adds to
+  ``status.retryCount``, which ``maxRetry`` bounds (state/running.go,
+  aborting.go), so a preempted gang (an evicted pod, or a worker that stopped
+  when told to: exit 75 after its checkpoint, or 143 from SIGTERM) is aborted
+  instead, and the backend replaces the aborted Job with a new one carrying the
+  restarts still left (``tideflow.backends.kubernetes``).
 * The ``svc`` and ``env`` plugins give rendezvous: worker 0's stable host name is
   ``MASTER_ADDR``, and each worker's index (``VC_TASK_INDEX``) is its rank.
 * Pods meet the "restricted" Pod Security Standard, get a termination grace
@@ -33,6 +39,11 @@ from tideflow.storage.roots import gang_store
 
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
 EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
+# A worker killed by SIGTERM's default action (128 + 15): the pod was deleted or evicted
+# and its code had no handler; it is stopped from outside, not failing.
+EXIT_SIGTERM = 143
+# How many restarts the earlier incarnations of a replaced (preempted) gang used up.
+RESTARTS_USED = "tideflow.io/restarts-used"
 
 
 @dataclass(frozen=True)
@@ -218,14 +229,20 @@ def volcano_max_retry(max_restarts: int) -> int:
     return max_restarts + 1
 
 
-def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[str, Any]:
-    """The Volcano Job for a gang of ``shape.workers`` pods, all or none."""
+def gang_volcano_job(
+    shape: GangShape, gang_id: str, settings: KubeSettings, *, restarts_used: int = 0
+) -> dict[str, Any]:
+    """The Volcano Job for a gang of ``shape.workers`` pods, all or none.
+
+    ``restarts_used``: restarts earlier incarnations of this gang used (it replaces a
+    preempted one); the Job allows only the rest.
+    """
     name = shape.name
     labels = gang_labels(shape, gang_id)
     pod_spec = gang_pod_spec(shape, settings, master_addr=f"{name}-worker-0.{name}")
     # Volcano sets the pods' priority from the Job's priorityClassName.
     pod_spec.pop("priorityClassName")
-    return {
+    job: dict[str, Any] = {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",
         "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
@@ -234,17 +251,19 @@ def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> 
             "minAvailable": shape.workers,
             "queue": dns_label(shape.team),
             "priorityClassName": settings.priority_class(shape.priority),
-            "maxRetry": volcano_max_retry(shape.max_restarts),
+            "maxRetry": volcano_max_retry(max(0, shape.max_restarts - restarts_used)),
             "plugins": {"svc": [], "env": []},
             # Volcano applies the first policy that matches, checking each policy's event
             # before its exit code, and a failed pod's request carries both PodFailed and
             # the exit code (volcano pkg/controllers/job/job_controller_util.go
             # applyPolicies): the exit-code policies must come first, or PodFailed ->
-            # RestartJob would restart a run the health guard stopped.
+            # RestartJob would restart a run the health guard stopped. A preempted worker
+            # exits (75 or 143) before its pod is gone, so that request comes first.
             "policies": [
                 {"exitCode": EXIT_UNHEALTHY, "action": "TerminateJob"},
-                {"exitCode": EXIT_PREEMPTED, "action": "RestartJob"},
-                {"event": "PodEvicted", "action": "RestartJob"},
+                {"exitCode": EXIT_PREEMPTED, "action": "AbortJob"},
+                {"exitCode": EXIT_SIGTERM, "action": "AbortJob"},
+                {"event": "PodEvicted", "action": "AbortJob"},
                 {"event": "PodFailed", "action": "RestartJob"},
                 {"event": "TaskCompleted", "action": "CompleteJob"},
             ],
@@ -260,3 +279,6 @@ def gang_volcano_job(shape: GangShape, gang_id: str, settings: KubeSettings) -> 
             ],
         },
     }
+    if restarts_used:
+        job["metadata"]["annotations"] = {RESTARTS_USED: str(restarts_used)}
+    return job
