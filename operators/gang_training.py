@@ -87,6 +87,36 @@ class GangTrainingOperator(TideflowOperator):
 
         return gang_id_for(self.dag_id, context["run_id"], self.task_id)
 
+    def _gang(self, context: Context) -> Any:
+        """This step's gang in this run (``tideflow.gangs.resolve_gang``): one rule for its
+        id, checkpoint store and environment, wherever it runs."""
+        from tideflow.config import Settings
+        from tideflow.gangs import resolve_gang
+        from tideflow.storage.roots import StoreRootError
+
+        settings = Settings.from_env()
+        try:
+            return resolve_gang(
+                pipeline=self.dag_id,
+                team=self.team,
+                run_id=context["run_id"],
+                step=self.task_id,
+                config={**self._config(), **self._step_fields()},
+                artifact_root=settings.artifact_root,
+                allowed_roots=settings.checkpoint_roots_for(self.team),
+            )
+        except StoreRootError as exc:
+            raise AirflowFailException(f"tideflow: step '{self.task_id}': {exc}") from None
+
+    def _step_fields(self) -> dict[str, Any]:
+        return {
+            "entrypoint": self.entrypoint,
+            "args": self.args,
+            "env": self.env,
+            "checkpoint": self.checkpoint,
+            "max_restarts": self.max_restarts,
+        }
+
     def _on_cluster(self) -> bool:
         from tideflow.config import Settings
 
@@ -117,7 +147,7 @@ class GangTrainingOperator(TideflowOperator):
     # -- Airflow entry points ----------------------------------------------------
     def execute(self, context: Context) -> Any:
         from tideflow.backends.local import LocalBackend
-        from tideflow.gangs import build_request, holder_name, open_ledger, request_to_dict
+        from tideflow.gangs import holder_name, open_ledger, request_to_dict
         from tideflow.scheduling import Lease
 
         if self._on_cluster():
@@ -133,7 +163,7 @@ class GangTrainingOperator(TideflowOperator):
                 running.state,
             )
             return self._defer_to_gang(context, gang_id)
-        request = build_request(gang_id, self.team, self._config())
+        request = self._gang(context).request()
         ledger = open_ledger(ledger_path, cluster)
         result = ledger.try_acquire(request, holder_name(), 300.0)
         if isinstance(result, Lease):
@@ -169,13 +199,12 @@ class GangTrainingOperator(TideflowOperator):
 
     def _start(self, context: Context, lease: Any) -> Any:
         from tideflow.backends.local import LocalBackend
-        from tideflow.gangs import build_job, checkpoint_env
+        from tideflow.gangs import build_job
 
         ledger_path, state_dir, _ = self._paths()
         ctx = self.step_context(context)
-        store = self._checkpoint_store(ctx)
-        env = {**{k: str(v) for k, v in self.env.items()}, **checkpoint_env(self.checkpoint, store)}
-        env.update(self._tracking_env(context, ctx))
+        gang = self._gang(context)
+        env = self._tracking_env(context, ctx)
         if lease.min_workers is not None:  # elastic: it may resume on another worker count
             env["TIDEFLOW_MIN_WORKERS"] = str(lease.min_workers)
             if lease.workers < int(self.workers):
@@ -186,21 +215,13 @@ class GangTrainingOperator(TideflowOperator):
                     lease.min_workers,
                 )
         command = self._command(ctx, state_dir / "contexts")
-        job = build_job(
-            lease,
-            command=command,
-            env=env,
-            device_class=self.device["class"],
-            max_restarts=int(self.max_restarts),
-            ledger_path=ledger_path,
-        )
+        job = build_job(gang, lease, command=command, extra_env=env, ledger_path=ledger_path)
         placement = "; ".join(f"rank {s.rank} -> {s.node}{list(s.devices)}" for s in job.slots)
         self.log.info("tideflow: lease %s granted: %s", lease.lease_id, placement)
         LocalBackend(state_dir).submit(job)
         return self._defer_to_gang(context, job.gang_id)
 
     def _execute_on_cluster(self, context: Context) -> Any:
-        from tideflow.gangs import build_cluster_job, checkpoint_env
         from tideflow.operators.cluster import cluster_backend
 
         gang_id = self._gang_id(context)
@@ -220,18 +241,7 @@ class GangTrainingOperator(TideflowOperator):
                 "(a list such as [python, -m, my.module])"
             )
         ctx = self.step_context(context)
-        store = self._checkpoint_store(ctx)
-        env = {**{k: str(v) for k, v in self.env.items()}, **checkpoint_env(self.checkpoint, store)}
-        env["TIDEFLOW_GANG_ID"] = gang_id
-        env.update(self._tracking_env(context, ctx))
-        job = build_cluster_job(
-            gang_id,
-            self.team,
-            {**self._config(), "workers": int(self.workers)},
-            command=[str(part) for part in self.entrypoint],
-            env=env,
-            max_restarts=int(self.max_restarts),
-        )
+        job = self._gang(context).cluster_job(self._tracking_env(context, ctx))
         status = backend.submit(job)
         self.log.info(
             "tideflow: gang %s submitted to %s as %s/%s (%d worker(s)): %s",
@@ -353,22 +363,8 @@ class GangTrainingOperator(TideflowOperator):
             f"tideflow: gang {status.state}: {status.message} (restarts: {status.restarts})"
         )
 
-    def _checkpoint_store(self, ctx: Any) -> str:
-        """The gang's own store, under a root its team may use (tideflow.storage.roots)."""
-        from tideflow.config import Settings
-        from tideflow.storage.roots import StoreRootError, check_root, gang_store
-
-        root = self.checkpoint.get("store") or None
-        if root:  # checked at validation too, unless it was a template until now
-            try:
-                check_root(root, self.team, Settings.from_env().checkpoint_roots_for(self.team))
-            except StoreRootError as exc:
-                raise AirflowFailException(f"tideflow: step '{self.task_id}': {exc}") from None
-        return gang_store(root, ctx.artifact_root, ctx.run_prefix)
-
     def _outputs(self, context: Context, status: Any) -> dict[str, Any]:
-        ctx = self.step_context(context)
-        store = self._checkpoint_store(ctx)
+        store = self._gang(context).store
         outputs: dict[str, Any] = {
             "checkpoint_store": store,
             "restarts": status.restarts,

@@ -346,11 +346,20 @@ def test_a_ledger_written_before_elastic_gangs_is_upgraded(tmp_path: Path, clock
 
 
 def test_a_steps_min_workers_makes_its_request_elastic_only_below_workers() -> None:
-    from tideflow.gangs import build_request, request_from_dict, request_to_dict
+    from tideflow.gangs import request_from_dict, request_to_dict, resolve_gang
 
     def request(**config: object) -> GangRequest:
         base = {"device": {"class": "gpu"}, "workers": 4, "devices_per_worker": 8}
-        return build_request("g", "t", {**base, **config})
+        gang = resolve_gang(
+            pipeline="p",
+            team="t",
+            run_id="r",
+            step="s",
+            config={"entrypoint": ["train"], **base, **config},
+            artifact_root="file:///tmp/artifacts",
+            allowed_roots=(),
+        )
+        return gang.request()
 
     assert request(min_workers=None).min_workers is None
     assert request(min_workers=4).min_workers is None  # equal to workers: rigid

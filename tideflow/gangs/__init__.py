@@ -1,0 +1,35 @@
+"""A gang training step resolved once (``resolved``) and run: locally under a lease
+(``local``) or on a cluster's gang scheduler, where an Argo workflow's step drives it
+(``driver``)."""
+
+from tideflow.gangs.local import (
+    LEASE_TTL_S,
+    build_job,
+    holder_name,
+    machine_has,
+    open_ledger,
+    request_from_dict,
+    request_to_dict,
+)
+from tideflow.gangs.resolved import (
+    ResolvedGang,
+    checkpoint_env,
+    gang_id_for,
+    resolve_gang,
+    run_prefix,
+)
+
+__all__ = [
+    "LEASE_TTL_S",
+    "ResolvedGang",
+    "build_job",
+    "checkpoint_env",
+    "gang_id_for",
+    "holder_name",
+    "machine_has",
+    "open_ledger",
+    "request_from_dict",
+    "request_to_dict",
+    "resolve_gang",
+    "run_prefix",
+]

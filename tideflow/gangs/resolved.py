@@ -1,0 +1,164 @@
+"""A gang training step of one run, resolved once.
+
+Every place that runs a gang (the operator on the local backend or a cluster,
+the Argo gang driver) turns the rendered step into a ``ResolvedGang`` here, and
+takes what it needs from it: the ledger's request, the local job, the cluster
+job (from which the Volcano Job or JobSet is built). So the gang's id, its
+checkpoint store and its workers' environment follow one rule everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tideflow.backends.protocol import GangJob, WorkerSlot
+from tideflow.scheduling import GangRequest
+from tideflow.scheduling.model import DeviceClass
+from tideflow.storage import safe_segment
+from tideflow.storage.roots import check_root, gang_store
+
+
+def gang_id_for(pipeline: str, run_id: str, step: str) -> str:
+    """Stable across retries of the same step in the same run (Airflow's or Argo's)."""
+    return f"{pipeline}/{run_id}/{step}"
+
+
+def run_prefix(pipeline: str, run_id: str, step: str) -> str:
+    """The step's key prefix ``PIPELINE/RUN/STEP`` (as ``StepContext.run_prefix``)."""
+    return "/".join(safe_segment(part) for part in (pipeline, run_id, step))
+
+
+def checkpoint_env(checkpoint: Mapping[str, Any], uri: str) -> dict[str, str]:
+    """The checkpoint policy as the training runtime reads it."""
+    env = {"TIDEFLOW_CHECKPOINT_URI": uri, "TIDEFLOW_KEEP_LAST": str(checkpoint["keep_last"])}
+    if checkpoint.get("every_steps"):
+        env["TIDEFLOW_CHECKPOINT_EVERY_STEPS"] = str(checkpoint["every_steps"])
+    if checkpoint.get("every_seconds"):
+        env["TIDEFLOW_CHECKPOINT_EVERY_SECONDS"] = str(checkpoint["every_seconds"])
+    best = checkpoint.get("keep_best")
+    if best:
+        env["TIDEFLOW_KEEP_BEST_METRIC"] = best["metric"]
+        env["TIDEFLOW_KEEP_BEST_MODE"] = best["mode"]
+    return env
+
+
+@dataclass(frozen=True)
+class ResolvedGang:
+    gang_id: str
+    pipeline: str
+    team: str
+    run_id: str
+    step: str
+    entrypoint: str | tuple[str, ...]  # module:function, or a command
+    store: str  # the checkpoint store this gang writes and resumes from
+    env: dict[str, str]  # the workers' environment: the step's, then tideflow's
+    workers: int
+    devices_per_worker: int
+    device_class: DeviceClass
+    model: str | None
+    max_restarts: int
+    priority: int = 0
+    preemptible: bool = True
+    min_workers: int | None = None  # elastic when below ``workers``
+    args: dict[str, Any] = field(default_factory=dict)  # for a module:function entry point
+
+    @property
+    def command(self) -> tuple[str, ...] | None:
+        return None if isinstance(self.entrypoint, str) else self.entrypoint
+
+    def request(self) -> GangRequest:
+        """What the lease ledger needs to place the gang."""
+        return GangRequest(
+            gang_id=self.gang_id,
+            team=self.team,
+            device_class=self.device_class,
+            model=self.model,
+            workers=self.workers,
+            devices_per_worker=self.devices_per_worker,
+            priority=self.priority,
+            preemptible=self.preemptible,
+            min_workers=self.min_workers,
+        )
+
+    def cluster_job(self, extra_env: Mapping[str, str] | None = None) -> GangJob:
+        """The gang for a cluster's gang scheduler: it places the workers, so no lease.
+
+        The command is kept as written (``python`` is the image's interpreter).
+        """
+        if self.command is None:
+            raise ValueError(
+                f"step '{self.step}': entry point {self.entrypoint!r} is module:function; on "
+                "Kubernetes a gang step needs a command entry point (a list such as "
+                "[python, -m, my.module])"
+            )
+        return GangJob(
+            gang_id=self.gang_id,
+            command=self.command,
+            env={**self.env, **(extra_env or {})},
+            slots=tuple(
+                WorkerSlot(rank, "", tuple(range(self.devices_per_worker)))
+                for rank in range(self.workers)
+            ),
+            device_class=self.device_class,
+            emulated=False,
+            max_restarts=self.max_restarts,
+            team=self.team,
+            model=self.model,
+            priority=self.priority,
+        )
+
+
+def resolve_gang(
+    *,
+    pipeline: str,
+    team: str,
+    run_id: str,
+    step: str,
+    config: Mapping[str, Any],
+    artifact_root: str,
+    allowed_roots: Sequence[str],
+) -> ResolvedGang:
+    """The gang of a rendered ``gang_training`` step (its spec fields) in one run.
+
+    Raises ``StoreRootError`` when the step's checkpoint root is not one the
+    team may write to (checked at validation too, unless it was a template).
+    """
+    checkpoint = config.get("checkpoint") or {"keep_last": 3}
+    root = checkpoint.get("store") or None
+    if root:
+        check_root(root, team, allowed_roots)
+    store = gang_store(root, artifact_root, run_prefix(pipeline, run_id, step))
+    gang_id = gang_id_for(pipeline, run_id, step)
+    env = {
+        **{str(k): str(v) for k, v in sorted((config.get("env") or {}).items())},
+        **checkpoint_env(checkpoint, store),
+        "TIDEFLOW_GANG_ID": gang_id,
+    }
+    workers = int(config["workers"])
+    minimum = config.get("min_workers")
+    entrypoint = config["entrypoint"]
+    device = config.get("device") or {"class": "cpu", "model": None}
+    return ResolvedGang(
+        gang_id=gang_id,
+        pipeline=pipeline,
+        team=team,
+        run_id=run_id,
+        step=step,
+        entrypoint=entrypoint if isinstance(entrypoint, str) else tuple(map(str, entrypoint)),
+        store=store,
+        env=env,
+        workers=workers,
+        devices_per_worker=int(config.get("devices_per_worker", 1)),
+        device_class=device["class"],
+        model=device.get("model"),
+        max_restarts=int(config.get("max_restarts", 0)),
+        priority=int(config.get("priority", 0)),
+        preemptible=bool(config.get("preemptible", True)),
+        # elastic only when the minimum is below the size; equal means rigid
+        min_workers=(
+            int(minimum) if minimum not in (None, "") and int(minimum) < workers else None
+        ),
+        args=dict(config.get("args") or {}),
+    )
