@@ -303,9 +303,11 @@ def test_airflow_roles_grant_exactly_what_the_gang_operator_and_trigger_call() -
     objects_ = {(kind.group, kind.plural) for kind in GANG_KINDS.values()}
     launcher = grants(rules("Role", "tideflow-gang-launcher"))
     watcher = grants(rules("Role", "tideflow-gang-watcher"))
-    # Submit looks the object up by name, then creates it once; the trigger lists and
-    # watches it (backends.kubernetes.follow) and deletes it when the task is killed.
-    assert launcher == {(g, p, verb) for g, p in objects_ for verb in ("get", "create")}
+    # Submit looks the object up by name, then creates it once (replacing a preempted or
+    # failed one: delete); the trigger lists and watches it (backends.kubernetes.follow)
+    # and deletes it when the task is killed.
+    verbs = ("get", "create", "delete")
+    assert launcher == {(g, p, verb) for g, p in objects_ for verb in verbs}
     assert watcher == {(g, p, verb) for g, p in objects_ for verb in ("list", "watch", "delete")}
     subjects = {
         b["roleRef"]["name"]: {s["name"] for s in b["subjects"]} for b in by_kind("RoleBinding")

@@ -119,13 +119,17 @@ def gang_kind(scheduler: str) -> GangKind:
 
 
 class KubernetesBackend:
-    def __init__(self, api_client: Any, settings: KubeSettings) -> None:
+    def __init__(self, api_client: Any, settings: KubeSettings, *, owner: Any = None) -> None:
+        """``owner``: a ``V1OwnerReference`` every gang object gets (an Argo workflow's
+        gang step: deleting the workflow deletes its gangs)."""
         from kubernetes import client
 
+        self.api_client = api_client
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.settings = settings
         self.kind = gang_kind(settings.gang_scheduler)
+        self.owner = owner
 
     def job_name(self, gang_id: str) -> str:
         return gang_object_name(gang_id, self.settings.gang_scheduler)
@@ -146,8 +150,13 @@ class KubernetesBackend:
             max_restarts=job.max_restarts,
         )
         if restarts_used:
-            return self.kind.build(shape, job.gang_id, self.settings, restarts_used=restarts_used)
-        return self.kind.build(shape, job.gang_id, self.settings)
+            built = self.kind.build(shape, job.gang_id, self.settings, restarts_used=restarts_used)
+        else:
+            built = self.kind.build(shape, job.gang_id, self.settings)
+        if self.owner is not None:
+            owner = self.api_client.sanitize_for_serialization(self.owner)
+            built["metadata"]["ownerReferences"] = [owner]
+        return built
 
     def _get(self, gang_id: str) -> dict[str, Any] | None:
         return self._get_by_name(self.job_name(gang_id))

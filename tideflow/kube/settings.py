@@ -75,4 +75,9 @@ def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSett
             "TIDEFLOW_K8S_ARGO_EXECUTOR_SERVICE_ACCOUNT",
             defaults.argo_executor_service_account,
         ),
+        argo_gang_driver_service_account=_service_account(
+            env,
+            "TIDEFLOW_K8S_ARGO_GANG_DRIVER_SERVICE_ACCOUNT",
+            defaults.argo_gang_driver_service_account,
+        ),
     )

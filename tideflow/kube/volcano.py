@@ -68,6 +68,9 @@ class KubeSettings:
     gang_service_account: str = "tideflow-gang"
     argo_service_account: str = "tideflow-argo-workflow"
     argo_executor_service_account: str = "tideflow-argo-executor"
+    # An Argo gang step's driver (tideflow.gangs.driver) creates, follows and deletes
+    # its gang object, with this account's token.
+    argo_gang_driver_service_account: str = "tideflow-argo-gang-driver"
     priority_classes: tuple[tuple[int, str], ...] = (
         (1, "tideflow-training-high"),
         (0, "tideflow-training"),

@@ -314,12 +314,14 @@ RUNNERS: dict[str, Callable[[Step], tuple[dict[str, Any], tuple[str, ...]]]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(
+    kinds: tuple[str, ...] = KINDS, prog: str = "python -m tideflow.steps.standalone"
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m tideflow.steps.standalone",
+        prog=prog,
         description="Run one pipeline step outside Airflow (an Argo workflow's step container).",
     )
-    parser.add_argument("kind", choices=KINDS)
+    parser.add_argument("kind", choices=kinds)
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--team", required=True)
     parser.add_argument("--step", required=True)
@@ -337,20 +339,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def read_step(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The step's configuration with every ``--set`` filled in, and the run's params.
+
+    ValueError (or KeyError, IndexError, TypeError) for arguments that do not fit.
+    """
+    config = json.loads(args.config)
+    if not isinstance(config, dict):
+        raise ValueError("--config is not a JSON object")
+    for item in args.set:
+        path, value = parse_assignment(item)
+        assign(config, path, value)
+    params = {}
+    for item in args.param:
+        (name, *_), value = parse_assignment(item)
+        params[name] = value
+    return config, params
+
+
+BAD_ARGUMENTS = (ValueError, KeyError, IndexError, TypeError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        config = json.loads(args.config)
-        if not isinstance(config, dict):
-            raise ValueError("--config is not a JSON object")
-        for item in args.set:
-            path, value = parse_assignment(item)
-            assign(config, path, value)
-        params = {}
-        for item in args.param:
-            (name, *_), value = parse_assignment(item)
-            params[name] = value
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        config, params = read_step(args)
+    except BAD_ARGUMENTS as exc:
         print(f"tideflow: step '{args.step}': bad arguments: {exc}", file=sys.stderr)
         return 2
     try:

@@ -1,0 +1,233 @@
+"""The Argo gang step's driver (``tideflow.gangs.driver``) against the one Kubernetes fake.
+
+No API server or Volcano controller can run here (tests/kubefake plays them). The
+driver runs as the ServiceAccount deploy/kubernetes/argo-rbac.yaml gives it, so
+its RBAC must allow exactly what it calls. Argo's side (the container template
+that runs it, its deadline's SIGTERM) is the compiler's and Argo's; here the
+signal is the ``stop`` event the driver's SIGTERM handler sets.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kubefake import DEPLOY, KubeFake, service_account
+from tideflow.backends.kubernetes import KubernetesBackend
+from tideflow.backends.protocol import GangState
+from tideflow.gangs import resolve_gang
+from tideflow.gangs.driver import StoppedError, drive, main, settings_to_json
+from tideflow.kube import KubeSettings
+from tideflow.kube.names import gang_object_name
+from tideflow.kube.volcano import EXIT_PREEMPTED
+
+NS = "tideflow"
+DRIVER = service_account(NS, "tideflow-argo-gang-driver")
+BROKER = service_account(NS, "tideflow-broker")
+SETTINGS = KubeSettings(namespace=NS)
+CONFIG = {
+    "entrypoint": ["python", "-m", "vision.train"],
+    "workers": 2,
+    "devices_per_worker": 1,
+    "device": {"class": "gpu", "model": "H100"},
+    "max_restarts": 1,
+    "checkpoint": {"keep_last": 2},
+}
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeFake]:
+    monkeypatch.setenv("TIDEFLOW_ARTIFACT_ROOT", (tmp_path / "artifacts").as_uri())
+    with KubeFake() as cluster:
+        cluster.apply(DEPLOY / "priority-classes.yaml")
+        cluster.seed(DEPLOY / "volcano-queues.yaml")
+        cluster.pods.termination_exit_code = EXIT_PREEMPTED
+        yield cluster
+
+
+def argv(tmp_path: Path, run_id: str = "vision-train-x7k2p", **extra: str) -> list[str]:
+    args = [
+        "gang_training",
+        "--pipeline",
+        "vision-train",
+        "--team",
+        "vision",
+        "--step",
+        "train",
+        "--run-id",
+        run_id,
+        "--config",
+        json.dumps({**CONFIG, "workers": 1}),
+        "--set",
+        "workers:int=2",  # as Argo fills in {{workflow.parameters.workers}}
+        "--kube-settings",
+        settings_to_json(SETTINGS),
+        "--outputs",
+        str(tmp_path / "outputs"),
+    ]
+    for key, value in extra.items():
+        args += [f"--{key.replace('_', '-')}", value]
+    return args
+
+
+def job_name(run_id: str = "vision-train-x7k2p") -> str:
+    return gang_object_name(f"vision-train/{run_id}/train", "volcano")
+
+
+def when_created(fake: KubeFake, then: object, name: str) -> threading.Thread:
+    """Run ``then(name)`` from another thread once the driver has created the Job."""
+
+    def wait() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if fake.get("batch.volcano.sh/v1alpha1", "Job", name) is not None:
+                then(name)  # type: ignore[operator]
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_driver_creates_one_owned_gang_follows_it_and_reports_its_store(
+    fake: KubeFake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tideflow.gangs.driver.POLL_S", 0.05)
+
+    def succeed(name: str) -> None:
+        fake.volcano.pods_running(NS, name)
+        fake.volcano.pods_succeeded(NS, name)
+
+    watcher = when_created(fake, succeed, job_name())
+    code = main(
+        argv(tmp_path, owner_name="vision-train-x7k2p", owner_uid="0f9c-uid"),
+        api_client=fake.client(DRIVER),
+    )
+    watcher.join(5)
+    assert code == 0
+    (job,) = fake.list("batch.volcano.sh/v1alpha1", "Job", NS)
+    assert job["spec"]["minAvailable"] == 2  # the size Argo filled in
+    assert job["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Workflow",
+            "name": "vision-train-x7k2p",
+            "uid": "0f9c-uid",
+            "blockOwnerDeletion": False,
+        }
+    ]
+    expected = resolve_gang(
+        pipeline="vision-train",
+        team="vision",
+        run_id="vision-train-x7k2p",
+        step="train",
+        config=CONFIG,
+        artifact_root=(tmp_path / "artifacts").as_uri(),
+        allowed_roots=(),
+    )
+    outputs = tmp_path / "outputs"
+    assert (outputs / "checkpoint_store").read_text() == expected.store  # the operator's rule
+    env = {
+        e["name"]: e.get("value")
+        for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["TIDEFLOW_CHECKPOINT_URI"] == expected.store
+    assert env["TIDEFLOW_RUN_ID"] == "vision-train-x7k2p" and env["WORLD_SIZE"] == "2"
+
+
+def test_a_stopped_step_deletes_its_gang_and_a_retry_finds_none_or_the_running_one(
+    fake: KubeFake,
+) -> None:
+    """Defect 7. Argo's activeDeadlineSeconds ends only the step's own pod (argo
+    docs/walk-through/kubernetes-resources.md; the template schema's description), so a
+    gang the step created must be deleted by the step: a timed-out step leaves none, and a
+    retried one reattaches to a gang that still runs instead of starting a second."""
+    gang = resolve_gang(
+        pipeline="vision-train",
+        team="vision",
+        run_id="wf-1",
+        step="train",
+        config=CONFIG,
+        artifact_root="s3://tideflow/artifacts",
+        allowed_roots=(),
+    )
+    job = gang.cluster_job()
+    backend = KubernetesBackend(fake.client(DRIVER), SETTINGS)
+    stop = threading.Event()
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(drive(backend, job, stop=stop, say=lambda _: None, poll_s=0.05))
+        except StoppedError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    name = job_name("wf-1")
+    deadline = time.monotonic() + 10
+    while fake.get("batch.volcano.sh/v1alpha1", "Job", name) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    fake.volcano.pods_running(NS, name)
+    stop.set()  # SIGTERM: the step's deadline passed
+    thread.join(10)
+    assert isinstance(outcome[0], StoppedError)
+    assert fake.list("batch.volcano.sh/v1alpha1", "Job", NS) == []  # no gang left
+    # a driver killed without its grace leaves the gang; the retry follows that one
+    backend.submit(job)
+    fake.volcano.pods_running(NS, name)
+    retry = KubernetesBackend(fake.client(DRIVER), SETTINGS).submit(job)
+    assert retry.state is GangState.RUNNING
+    assert len(fake.list("batch.volcano.sh/v1alpha1", "Job", NS)) == 1
+
+
+def test_the_driver_resubmits_a_preempted_gang_with_its_restarts(fake: KubeFake) -> None:
+    gang = resolve_gang(
+        pipeline="vision-train",
+        team="vision",
+        run_id="wf-2",
+        step="train",
+        config=CONFIG,
+        artifact_root="s3://tideflow/artifacts",
+        allowed_roots=(),
+    )
+    job = gang.cluster_job()
+    name = job_name("wf-2")
+    broker = KubernetesBackend(fake.client(BROKER), SETTINGS)
+    moves = iter(["preempt", "finish"])
+
+    def step(_: str) -> None:
+        move = next(moves)
+        fake.volcano.pods_running(NS, name)
+        if move == "preempt":
+            broker.preempt(job.gang_id)
+            fake.pods.finish_terminating(NS)
+        else:
+            fake.volcano.pods_succeeded(NS, name)
+
+    class Backend(KubernetesBackend):
+        def submit(self, submitted):  # type: ignore[no-untyped-def]
+            status = super().submit(submitted)
+            threading.Thread(target=step, args=(name,), daemon=True).start()
+            return status
+
+    status = drive(
+        Backend(fake.client(DRIVER), SETTINGS),
+        job,
+        stop=threading.Event(),
+        poll_s=0.05,
+        say=lambda _: None,
+    )
+    assert status.state is GangState.SUCCEEDED and status.restarts == 0
+    (final,) = fake.list("batch.volcano.sh/v1alpha1", "Job", NS)
+    assert final["spec"]["maxRetry"] == 2  # its one restart still allowed
+    assert fake.rbac.unused(DRIVER, NS) == {
+        grant for grant in fake.rbac.unused(DRIVER, NS) if grant.group == "jobset.x-k8s.io"
+    }

@@ -1,0 +1,190 @@
+"""An Argo workflow's gang step: create the gang, follow it to its end, stop it with the step.
+
+    python -m tideflow.gangs.driver gang_training --pipeline P --team T --step S
+        --run-id R --config JSON [--set ...] [--param ...] --kube-settings JSON
+        [--owner-name WORKFLOW --owner-uid UID] --outputs DIR
+
+The arguments are the standalone executor's (``tideflow.steps.standalone``): the
+rendered step comes as ``--config`` plus one ``--set`` per value the workflow
+fills in, so a gang's size may be a workflow parameter. The step is resolved
+as the operator resolves it (``tideflow.gangs.resolve_gang``) and submitted
+through the same backend (``tideflow.backends.kubernetes``), so on Argo as on
+Airflow the gang's object is named from its id and exists at most once:
+
+* a retried step (a new driver pod) finds the gang its earlier attempt made and
+  follows it if it still runs, or replaces it if it failed;
+* a preempted gang is submitted again with the restarts it has left;
+* when the step is stopped (its ``activeDeadlineSeconds``, ``argo stop`` or
+  ``terminate``: the pod gets SIGTERM) the driver deletes the gang before it
+  exits, so a timed-out step leaves no gang running;
+* the gang is owned by the workflow, so deleting the workflow deletes it even
+  if the driver was killed without its grace.
+
+Outputs (files under DIR, Argo's output parameters): ``checkpoint_store``, and
+``checkpoint`` / ``checkpoint_step`` of the newest committed checkpoint. Exit
+codes: 0 the gang succeeded, 1 it failed, 2 bad arguments, 143 stopped.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from tideflow.backends.protocol import GangJob, GangState, GangStatus
+from tideflow.kube.volcano import KubeSettings
+
+POLL_S = 5.0
+OUTPUTS = ("checkpoint_store", "checkpoint", "checkpoint_step")
+EXIT_STOPPED = 143
+
+
+class StoppedError(Exception):
+    """The step was told to stop (SIGTERM); the gang has been deleted."""
+
+
+def settings_to_json(settings: KubeSettings) -> str:
+    import json
+    from dataclasses import asdict
+
+    return json.dumps(asdict(settings), sort_keys=True, separators=(",", ":"))
+
+
+def settings_from_json(text: str) -> KubeSettings:
+    import json
+
+    data = json.loads(text)
+    known = {f.name for f in fields(KubeSettings)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"--kube-settings has unknown fields: {', '.join(unknown)}")
+    for key, value in data.items():  # JSON has no tuples; the settings' pairs are tuples
+        if isinstance(value, list):
+            data[key] = tuple(tuple(item) if isinstance(item, list) else item for item in value)
+    return KubeSettings(**data)
+
+
+def drive(
+    backend: Any,
+    job: GangJob,
+    *,
+    stop: threading.Event,
+    say: Callable[[str], None] = print,
+    poll_s: float = POLL_S,
+) -> GangStatus:
+    """Submit ``job`` and follow it until it ends; resubmit it when it is preempted.
+
+    Raises ``StoppedError`` after deleting the gang when ``stop`` is set.
+    """
+    status: GangStatus = backend.submit(job)
+    say(f"tideflow: gang {job.gang_id} is {status.state} ({job.workers} worker(s))")
+    seen = (status.state, status.restarts)
+    while True:
+        if stop.wait(poll_s):
+            backend.cancel(job.gang_id)
+            say(f"tideflow: stopped; gang {job.gang_id} deleted")
+            raise StoppedError()
+        current = backend.status(job.gang_id)
+        if current is None:
+            raise RuntimeError(f"the gang object of {job.gang_id} was deleted from outside")
+        status = current
+        if (status.state, status.restarts) != seen:
+            seen = (status.state, status.restarts)
+            say(f"tideflow: gang {status.state} (restarts: {status.restarts}): {status.message}")
+        if status.state is GangState.PREEMPTED:
+            status = backend.submit(job)  # resumes from its checkpoint, restarts kept
+            continue
+        if status.state.finished:
+            return status
+
+
+def _outputs(store: str) -> dict[str, Any]:
+    from tideflow.checkpoint import CheckpointManager
+
+    outputs: dict[str, Any] = {"checkpoint_store": store, "checkpoint": "", "checkpoint_step": ""}
+    manifest = CheckpointManager(store).latest()
+    if manifest is not None:
+        outputs.update(checkpoint=manifest.uri, checkpoint_step=manifest.step)
+    return outputs
+
+
+def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
+    from kubernetes import client
+
+    from tideflow.backends.kubernetes import KubernetesBackend
+    from tideflow.config import Settings
+    from tideflow.gangs.resolved import resolve_gang
+    from tideflow.kube.client import connect
+    from tideflow.steps.standalone import (
+        BAD_ARGUMENTS,
+        build_parser,
+        read_step,
+        write_outputs,
+    )
+    from tideflow.storage.roots import StoreRootError
+
+    parser = build_parser(("gang_training",), "python -m tideflow.gangs.driver")
+    parser.add_argument("--kube-settings", required=True, help="KubeSettings as JSON")
+    parser.add_argument("--owner-name", help="the Workflow that owns the gang")
+    parser.add_argument("--owner-uid", help="its uid")
+    args = parser.parse_args(argv)
+    try:
+        config, _params = read_step(args)
+        settings = settings_from_json(args.kube_settings)
+        platform = Settings.from_env()
+        gang = resolve_gang(
+            pipeline=args.pipeline,
+            team=args.team,
+            run_id=args.run_id,
+            step=args.step,
+            config=config,
+            artifact_root=platform.artifact_root,
+            allowed_roots=platform.checkpoint_roots_for(args.team),
+        )
+        job = gang.cluster_job(
+            {
+                "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
+                # No operator makes this step's MLflow run: rank 0 finds or makes it
+                # under the workflow's pipeline run (tideflow.runtime.metrics).
+                "TIDEFLOW_PIPELINE": args.pipeline,
+                "TIDEFLOW_TEAM": args.team,
+                "TIDEFLOW_RUN_ID": args.run_id,
+                "TIDEFLOW_STEP": args.step,
+            }
+        )
+    except (*BAD_ARGUMENTS, StoreRootError) as exc:
+        print(f"tideflow: step '{args.step}': bad arguments: {exc}", file=sys.stderr)
+        return 2
+    owner = None
+    if args.owner_name and args.owner_uid:
+        owner = client.V1OwnerReference(
+            api_version="argoproj.io/v1alpha1",
+            kind="Workflow",
+            name=args.owner_name,
+            uid=args.owner_uid,
+            block_owner_deletion=False,
+        )
+    backend = KubernetesBackend(api_client or connect(), settings, owner=owner)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        status = drive(backend, job, stop=stop, say=lambda line: print(line, flush=True))
+    except StoppedError:
+        return EXIT_STOPPED
+    if status.state is not GangState.SUCCEEDED:
+        print(
+            f"tideflow: gang {status.state}: {status.message} (restarts: {status.restarts})",
+            file=sys.stderr,
+        )
+        return 1
+    write_outputs(Path(args.outputs), _outputs(gang.store), OUTPUTS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
