@@ -1,0 +1,50 @@
+"""An evaluation step: the executor on one device kind, reading the gang's checkpoint store.
+
+The device is decided here, at compile time: the first of the step's
+preferences that the cluster inventory has, or the first (a known limit: not
+whichever is free when the step starts).
+"""
+
+from __future__ import annotations
+
+from tideflow.compile.dag_plan import TaskPlan
+from tideflow.kube.argo.container import STEP_CPU, STEP_MEMORY, container_step, executor_args
+from tideflow.kube.argo.context import CompileContext
+from tideflow.kube.argo.plan import StepTemplate
+from tideflow.kube.argo.templating import checkpoint_store_of, step_env
+from tideflow.kube.pods import evaluation_device, placement
+from tideflow.spec.yamlpos import Path
+
+
+def evaluation_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemplate:
+    config = task.config
+    base: Path = ("steps", index, "evaluation")
+    where = evaluation_device(tuple(config["devices"]), ctx.inventory)
+    place = placement(where, ctx.settings)
+    inputs: dict[str, str] = {}
+    extra = ["--device", where]
+    gang = task.sources.get("checkpoint")
+    if gang is not None:
+        extra += [
+            "--checkpoint-store",
+            checkpoint_store_of(ctx, ctx.tasks[gang], ctx.index_of(gang)),
+        ]
+    doc = {k: config[k] for k in ("entrypoint", "args", "metrics")}
+    args = executor_args(ctx, task, doc, base, inputs, extra=extra)
+    env = {
+        **step_env(ctx, task, base, inputs),
+        "TIDEFLOW_DEVICE_CLASS": place.device_class,
+        "TIDEFLOW_EMULATED": "0",
+    }
+    devices = place.device_resources()
+    return container_step(
+        ctx,
+        task,
+        inputs,
+        args,
+        where=where,
+        env=env,
+        requests={"cpu": STEP_CPU, "memory": STEP_MEMORY, **devices},
+        limits={"memory": STEP_MEMORY, **devices},
+        outputs=ctx.outputs_of(task),
+    )
