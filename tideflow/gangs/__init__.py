@@ -13,7 +13,6 @@ from tideflow.gangs.local import (
 )
 from tideflow.gangs.resolved import (
     ResolvedGang,
-    checkpoint_env,
     gang_id_for,
     resolve_gang,
     run_prefix,
@@ -23,7 +22,6 @@ __all__ = [
     "LEASE_TTL_S",
     "ResolvedGang",
     "build_job",
-    "checkpoint_env",
     "gang_id_for",
     "holder_name",
     "machine_has",

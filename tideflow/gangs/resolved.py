@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tideflow.backends.protocol import GangJob, WorkerSlot
+from tideflow.checkpoint.policy import checkpoint_env
 from tideflow.scheduling import GangRequest
 from tideflow.scheduling.model import DeviceClass
 from tideflow.storage import safe_segment
@@ -28,20 +29,6 @@ def gang_id_for(pipeline: str, run_id: str, step: str) -> str:
 def run_prefix(pipeline: str, run_id: str, step: str) -> str:
     """The step's key prefix ``PIPELINE/RUN/STEP`` (as ``StepContext.run_prefix``)."""
     return "/".join(safe_segment(part) for part in (pipeline, run_id, step))
-
-
-def checkpoint_env(checkpoint: Mapping[str, Any], uri: str) -> dict[str, str]:
-    """The checkpoint policy as the training runtime reads it."""
-    env = {"TIDEFLOW_CHECKPOINT_URI": uri, "TIDEFLOW_KEEP_LAST": str(checkpoint["keep_last"])}
-    if checkpoint.get("every_steps"):
-        env["TIDEFLOW_CHECKPOINT_EVERY_STEPS"] = str(checkpoint["every_steps"])
-    if checkpoint.get("every_seconds"):
-        env["TIDEFLOW_CHECKPOINT_EVERY_SECONDS"] = str(checkpoint["every_seconds"])
-    best = checkpoint.get("keep_best")
-    if best:
-        env["TIDEFLOW_KEEP_BEST_METRIC"] = best["metric"]
-        env["TIDEFLOW_KEEP_BEST_MODE"] = best["mode"]
-    return env
 
 
 @dataclass(frozen=True)

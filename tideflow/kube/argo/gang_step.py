@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tideflow.checkpoint.policy import checkpoint_env
 from tideflow.compile.dag_plan import TaskPlan
 from tideflow.compile.templates import exact_param
-from tideflow.gangs import checkpoint_env
 from tideflow.kube.argo.context import CompileContext
 from tideflow.kube.argo.manifest import ArgoInt, manifest_yaml
 from tideflow.kube.argo.plan import FAILURE, RETRY_NUMBER, SUCCESS, WORKFLOW_NAME, StepTemplate
