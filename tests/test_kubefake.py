@@ -656,6 +656,83 @@ def test_volcano_queue_hierarchy_rules(fake: KubeFake) -> None:
     assert code == 400 and "is smaller than its descendants' max capability" in answer["message"]
 
 
+def patch_queue(fake: KubeFake, name: str, spec: dict[str, Any]) -> tuple[int, Any]:
+    """A merge patch of a queue's spec, the broker's kind of update."""
+    return fake.request(
+        "PATCH",
+        f"/apis/scheduling.volcano.sh/v1beta1/queues/{name}",
+        body={"spec": spec},
+        content_type="application/merge-patch+json",
+    )
+
+
+def test_volcano_queue_quantities_are_not_negative_and_gpus_whole(fake: KubeFake) -> None:
+    """validateResourceQuantityOfQueue calls Kubernetes' ValidateResourceQuantityValue on
+    every capability, deserved and guarantee entry: never negative, whole for an extended
+    resource; a CPU may be fractional."""
+    error = refused(fake, queue("q", capability={"nvidia.com/gpu": "-1"}))
+    assert error.message.endswith(
+        'requestBody.spec.capability.nvidia.com/gpu: Invalid value: "-1": must be greater '
+        "than or equal to 0"
+    )
+    error = refused(fake, queue("q", deserved={"nvidia.com/gpu": "1500m"}))
+    assert error.message.endswith(
+        'requestBody.spec.deserved.nvidia.com/gpu: Invalid value: "1500m": must be an integer'
+    )
+    fake.create(queue("q", deserved={"cpu": "500m", "nvidia.com/gpu": "2000m"}))
+
+
+def test_volcano_root_queue_resources_cannot_change(fake: KubeFake) -> None:
+    """AdmitQueues on UPDATE of root, with --enable-root-queue-protection (on by default,
+    cmd/webhook-manager/app/options/options.go): capability, deserved and guarantee stay."""
+    fake.seed(queue("root", capability={"nvidia.com/gpu": "64"}))
+    code, answer = patch_queue(fake, "root", {"capability": {"nvidia.com/gpu": "32"}})
+    assert code == 400 and answer["message"].endswith(
+        "root queue's resource attributes (capability, deserved, guarantee) cannot be modified"
+    )
+    code, _ = patch_queue(fake, "root", {"weight": 2})  # not a resource: admitted
+    assert code == 200
+
+
+def test_volcano_queue_depth_and_a_parent_that_runs_pods(fake: KubeFake) -> None:
+    """validateHierarchicalQueue, on create and on a change of parent: at most
+    --max-queue-depth (5) levels below root (validateQueueDepth), and a queue whose own
+    pods run cannot become a parent."""
+    fake.create(queue("l1"))
+    for level in range(2, 6):
+        fake.create(queue(f"l{level}", parent=f"l{level - 1}"))
+    error = refused(fake, queue("l6", parent="l5"))
+    assert error.message.endswith("queue l6 exceeds the maximum allowed depth of 5")
+    busy = fake.create(queue("busy"))
+    fake.set_status(busy, {"allocated": {"pods": "2", "nvidia.com/gpu": "8"}})
+    error = refused(fake, queue("child", parent="busy"))
+    assert error.message.endswith(
+        "queue busy cannot be the parent queue of queue child because it has allocated Pods: 2"
+    )
+    error = refused(fake, queue("ghost", parent="nowhere"))
+    assert error.message.endswith(
+        "failed to get parent queue nowhere of queue ghost: queue.scheduling.volcano.sh "
+        '"nowhere" not found'
+    )
+
+
+def test_volcano_queue_update_checks_the_hierarchy_only_when_resources_change(
+    fake: KubeFake,
+) -> None:
+    """needsValidateHierarchicalQueue: an update is checked against the hierarchy when its
+    parent or a resource list changes, compared as quantities (equality.Semantic: "8"
+    equals "8000m"). A hierarchy held from before the rules (a parent without deserved
+    under a team with it) keeps its other fields changeable, but not its capability."""
+    fake.seed(
+        queue("training", capability={"nvidia.com/gpu": "8"}),
+        queue("team", parent="training", deserved={"nvidia.com/gpu": "4"}),
+    )
+    assert patch_queue(fake, "training", {"weight": 3})[0] == 200
+    assert patch_queue(fake, "training", {"capability": {"nvidia.com/gpu": "8000m"}})[0] == 200
+    code, answer = patch_queue(fake, "training", {"capability": {"nvidia.com/gpu": "16"}})
+    assert code == 400 and "sum of children's deserved" in answer["message"]
+
+
 # -- Volcano: the job controller ------------------------------------------------------------
 
 RESTART_ON_FAILURE = [

@@ -1,9 +1,20 @@
 """Volcano's Queue validating webhook, reimplemented from its source.
 
 volcano @ ed72c7c pkg/webhooks/admission/queues/validate/validate_queue.go (and
-pkg/scheduler/api/resource_info.go for the resource arithmetic, in quantity.py).
-Each rule is one function naming the upstream function it follows. A refusal is
-the webhook's error as a Status message, so the API server answers 400.
+pkg/scheduler/api/resource_info.go for the resource arithmetic, in quantity.py),
+with the webhook manager's defaults from cmd/webhook-manager/app/options/options.go
+(read at the same commit) and the quantity checks it borrows from Kubernetes
+(pkg/apis/core/validation ValidateResourceQuantityValue). Each rule is one function
+naming the upstream function it follows. A refusal is the webhook's error as a
+Status message, so the API server answers 400.
+
+On UPDATE (the broker's merge patch of the parent queue), AdmitQueues runs
+validateQueue (quantities; guarantee <= deserved <= capability), the root queue's
+protection, and, when the parent or a resource list changed,
+validateHierarchicalQueueResources: the queue's capability within its nearest
+ancestor's, its deserved and guarantee summed with its siblings' within its
+parent's, and, for a parent, its capability at least each child subtree's and its
+deserved and guarantee at least its children's sums (validateChildrenConstraints).
 """
 
 from __future__ import annotations
@@ -18,12 +29,49 @@ QUEUE_VALIDATE = "validatequeue.volcano.sh"
 Queues = Callable[[], list[dict[str, Any]]]
 
 
+# k8s.io/kubernetes pkg/apis/core/helper IsIntegerResourceName: these standard resources
+# and every extended resource (nvidia.com/gpu) count whole units.
+_INTEGER_RESOURCES = {
+    "pods",
+    "services",
+    "replicationcontrollers",
+    "resourcequotas",
+    "secrets",
+    "configmaps",
+    "persistentvolumeclaims",
+    "services.nodeports",
+    "services.loadbalancers",
+}
+
+
+def _quantity_value(name: str, value: Any, path: str) -> list[str]:
+    """k8s.io/kubernetes pkg/apis/core/validation ValidateResourceQuantityValue, which
+    validateResourceQuantityOfQueue calls for every capability, deserved and guarantee
+    entry: not negative (ValidateNonnegativeQuantity), and whole for an integer resource.
+    (Upstream prints the bad integer as the Quantity it parsed; here as it was written.)"""
+    errors = []
+    if quantity(value) < 0:
+        errors.append(f'{path}: Invalid value: "{value}": must be greater than or equal to 0')
+    # IsExtendedResourceName: not native (a domain, not kubernetes.io) nor a quota request
+    extended = "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
+    integer = name in _INTEGER_RESOURCES or extended
+    if integer and round(quantity(value) * 1000) % 1000:
+        errors.append(f'{path}: Invalid value: "{value}": must be an integer')
+    return errors
+
+
 def validate_resource_quantities(spec: dict[str, Any]) -> list[str]:
-    """validateResourceQuantityOfQueue: guarantee <= deserved <= capability, per resource."""
+    """validateResourceQuantityOfQueue: every quantity valid, and guarantee <= deserved <=
+    capability, per resource."""
     path = "requestBody.spec"
     errors = []
     capability, deserved = spec.get("capability") or {}, spec.get("deserved") or {}
+    for name, value in capability.items():
+        errors += _quantity_value(name, value, f"{path}.capability.{name}")
+    for name, value in deserved.items():
+        errors += _quantity_value(name, value, f"{path}.deserved.{name}")
     for name, guarantee in ((spec.get("guarantee") or {}).get("resource") or {}).items():
+        errors += _quantity_value(name, guarantee, f"{path}.guarantee.resource.{name}")
         if name not in deserved:
             errors.append(
                 f'{path}.deserved.{name}: Invalid value: "<nil>": deserved[{name}] must be >= '
@@ -154,6 +202,59 @@ def validate_children_constraints(queue: dict, queues: list[dict]) -> str:
     return _sum_check(queue, children, "queue")
 
 
+# cmd/webhook-manager/app/options/options.go: --max-queue-depth (5) and
+# --enable-root-queue-protection (true), their defaults.
+MAX_QUEUE_DEPTH = 5
+ROOT_QUEUE_PROTECTION = True
+RESOURCES = ("capability", "deserved", "guarantee")
+ROOT_PROTECTED = (
+    "root queue's resource attributes (capability, deserved, guarantee) cannot be modified"
+)
+
+
+def _resources(spec: dict[str, Any], which: str) -> dict[str, float]:
+    found = spec.get(which) or {}
+    if which == "guarantee":
+        found = found.get("resource") or {}
+    return {name: quantity(value) for name, value in found.items()}
+
+
+def _same_resources(old_spec: dict[str, Any], spec: dict[str, Any], which: str) -> bool:
+    """equality.Semantic.DeepEqual of two ResourceLists: quantities compared by value
+    ("1" equals "1000m"), an absent list equal to an empty one."""
+    return _resources(old_spec, which) == _resources(spec, which)
+
+
+def validate_hierarchical_queue(queue: dict[str, Any], stored: dict[str, dict]) -> str:
+    """validateHierarchicalQueue with validateQueueDepth, on create or when the parent
+    changes: not its own parent, at most MAX_QUEUE_DEPTH deep, an existing parent, and a
+    parent that runs no pods of its own unless it has children already."""
+    name, parent_name = queue["metadata"]["name"], (queue.get("spec") or {}).get("parent", "")
+    if parent_name in ("", "root"):
+        return ""
+    if parent_name == name:
+        return f"queue {name} cannot use itself as parent"
+    depth, parent = 1, parent_name
+    while parent not in ("", "root"):
+        depth += 1
+        if depth > MAX_QUEUE_DEPTH:
+            return f"queue {name} exceeds the maximum allowed depth of {MAX_QUEUE_DEPTH}"
+        if parent not in stored:
+            return (
+                f"failed to get parent queue {parent} of queue {name}: "
+                f'queue.scheduling.volcano.sh "{parent}" not found'
+            )
+        parent = (stored[parent].get("spec") or {}).get("parent", "")
+    children = [q for q in stored.values() if (q.get("spec") or {}).get("parent") == parent_name]
+    allocated = ((stored[parent_name].get("status") or {}).get("allocated") or {}).get("pods")
+    if not children and allocated and quantity(allocated) != 0:
+        return (
+            f"queue {parent_name} cannot be the parent queue of queue {name} because it has "
+            f"allocated Pods: {int(quantity(allocated))}"
+        )
+    return ""
+
+
 def validate_queue(queue: dict[str, Any], old: dict[str, Any] | None, queues: Queues) -> str:
     """validate_queue.go AdmitQueues for CREATE and UPDATE: the refusal message, or ""."""
     spec = queue.get("spec") or {}
@@ -161,25 +262,23 @@ def validate_queue(queue: dict[str, Any], old: dict[str, Any] | None, queues: Qu
     if errors:
         return errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
     name, parent_name = queue["metadata"]["name"], spec.get("parent", "")
-    others = [q for q in queues() if q["metadata"]["name"] != name]
+    # What the webhook's informer holds: on an update, this queue as it was.
+    stored = {q["metadata"]["name"]: q for q in queues()}
+    others = [q for n, q in stored.items() if n != name]
     by_name = {q["metadata"]["name"]: q for q in others}
     old_spec = (old or {}).get("spec") or {}
-    # validateHierarchicalQueue, on create or when the parent changes.
-    if (old is None or old_spec.get("parent", "") != parent_name) and parent_name not in (
-        "",
-        "root",
-    ):
-        if parent_name == name:
-            return f"queue {name} cannot use itself as parent"
-        if parent_name not in by_name:
-            return (
-                f"failed to get parent queue of queue {name}: "
-                f'queue.scheduling.volcano.sh "{parent_name}" not found'
-            )
-    # needsValidateHierarchicalQueue: on create, or when parent or resources change.
-    resources = ("parent", "capability", "deserved", "guarantee")
+    if old is None or old_spec.get("parent", "") != parent_name:
+        problem = validate_hierarchical_queue(queue, stored)
+        if problem:
+            return problem
+    # The root queue's resources are the scheduler's (options.go --enable-root-queue-protection).
+    changed = not all(_same_resources(old_spec, spec, which) for which in RESOURCES)
+    if ROOT_QUEUE_PROTECTION and old is not None and name == "root" and changed:
+        return ROOT_PROTECTED
+    # needsValidateHierarchicalQueue: never for root; on create, or when the parent or a
+    # resource list changes (compared semantically).
     if name == "root" or (
-        old is not None and all(old_spec.get(k) == spec.get(k) for k in resources)
+        old is not None and old_spec.get("parent", "") == parent_name and not changed
     ):
         return ""
     everyone = [*others, queue]
