@@ -21,8 +21,13 @@ import pytest
 
 from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.fake import documents
+from tests.kubefake.volcano_queue_webhook import validate_queue
 from tideflow.broker import Action, Decision, Reclaim
-from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
+from tideflow.broker.kubernetes import (
+    ClusterTarget,
+    KubernetesActuator,
+    TrainingQueueRefusedError,
+)
 from tideflow.checkpoint import CheckpointManager
 
 NS = "tideflow"
@@ -75,18 +80,37 @@ def gang_pod(name: str, gang: str, gpus: int, store: str | None = None) -> dict[
     }
 
 
+GPU = "nvidia.com/gpu"
+QUEUE = "scheduling.volcano.sh/v1beta1"
+
+
+def volcano_queues(vision: int = 8, nlp: int = 4, lent: int = 24) -> list[dict[str, Any]]:
+    """deploy/'s Volcano queues with their GPU counts sized to this 32-GPU cluster: the
+    teams' deserved, the parent's deserved their sum (as the manifest says), the parent's
+    capability what the broker last lent."""
+    queues = {d["metadata"]["name"]: d for d in documents(DEPLOY / "volcano-queues.yaml")}
+    assert set(queues) == {"training", "vision", "nlp"}
+    queues["vision"]["spec"]["deserved"] = {GPU: str(vision)}
+    queues["nlp"]["spec"]["deserved"] = {GPU: str(nlp)}
+    queues["training"]["spec"]["deserved"] = {GPU: str(vision + nlp)}
+    queues["training"]["spec"]["capability"] = {GPU: str(lent)}
+    return [queues["training"], queues["vision"], queues["nlp"]]
+
+
 class Cluster:
     """Four 8-GPU nodes (gpu-0 lent to inference), two training gangs, the inference
     Deployment and HPA, the training queues of deploy/."""
 
-    def __init__(self, fake: KubeFake) -> None:
+    def __init__(self, fake: KubeFake, held_queues: list[dict[str, Any]] | None = None) -> None:
         self.fake = fake
         fake.apply(DEPLOY / "priority-classes.yaml", DEPLOY / "broker-rbac.yaml")
-        # the broker moves the parent queue; its team children are not this test's concern
-        (training,) = [
-            d for d in documents(DEPLOY / "volcano-queues.yaml") if not d["spec"].get("parent")
-        ]
-        fake.apply(training, DEPLOY / "kueue-queues.yaml")
+        # the parent queue the broker moves and its teams, admitted by Volcano's webhook,
+        # or queues the cluster already holds, stored past it
+        if held_queues is None:
+            fake.apply(*volcano_queues())
+        else:
+            fake.seed(*held_queues)
+        fake.apply(DEPLOY / "kueue-queues.yaml")
         for index in range(4):
             node = fake.create(gpu_node(f"gpu-{index}", "inference" if index == 0 else None))
             fake.set_status(node, {"allocatable": {"nvidia.com/gpu": "8"}})
@@ -268,6 +292,128 @@ def test_lending_returns_nodes_and_moves_kueue_quota_and_hpa_bounds(
     )
 
 
+def queue_spec(fake: KubeFake, name: str) -> dict[str, Any]:
+    return dict(fake.get(QUEUE, "Queue", name)["spec"])
+
+
+def assert_consistent_hierarchy(fake: KubeFake) -> None:
+    """The teams' deserved summed <= the parent's deserved <= its capability, and every
+    queue as it is stored would be admitted afresh by Volcano's webhook."""
+    queues = fake.list(QUEUE, "Queue")
+    for queue in queues:
+        assert validate_queue(queue, None, lambda: queues) == "", queue["metadata"]["name"]
+    training = queue_spec(fake, "training")
+    teams = sum(int(queue_spec(fake, t)["deserved"][GPU]) for t in ("vision", "nlp"))
+    assert teams <= int(training["deserved"][GPU]) <= int(training["capability"][GPU])
+
+
+def test_the_training_queue_follows_the_lent_gpus_within_volcanos_hierarchy(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """Defect 5. Volcano's queue webhook (validate_queue.go validateResourceQuantityOfQueue
+    and validateChildrenConstraints, on the broker's update of the parent) admits the
+    parent's capability only at or above its deserved, which covers the teams' deserved
+    (8 + 4 here). Lending 0, 8 (below the teams' 12) and 16 to 32: every patch is admitted,
+    the capability is the GPUs lent or, below the teams' deserved, that deserved, and the
+    hierarchy stays consistent; deserved is the operator's and never moves."""
+    fake, api = cluster
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS), grace_s=30, retry_s=0.01)
+    seen = []
+    for inference in (16, 32, 24, 8, 0, 24):
+        applied = actuator.apply(grow_to(inference))
+        lent = 32 - applied.inference_gpus
+        training = queue_spec(fake.fake, "training")
+        seen.append((lent, training["capability"], training["deserved"]))
+        assert ("held at its deserved 12" in applied.note) == (lent < 12)
+        assert_consistent_hierarchy(fake.fake)
+    assert seen == [
+        (16, {GPU: "16"}, {GPU: "12"}),
+        (0, {GPU: "12"}, {GPU: "12"}),
+        (8, {GPU: "12"}, {GPU: "12"}),
+        (24, {GPU: "24"}, {GPU: "12"}),
+        (32, {GPU: "32"}, {GPU: "12"}),
+        (8, {GPU: "12"}, {GPU: "12"}),
+    ]
+    queue_calls = [(r.verb, r.code) for r in fake.broker_requests() if r.resource == "queues"]
+    assert queue_calls == [("get", 200), ("patch", 200)] * 6  # none refused
+
+
+@pytest.mark.parametrize(
+    ("queues", "reasons"),
+    [
+        # the old deploy/ manifest, as a cluster may still hold it from before the webhook
+        # had hierarchy rules: a parent without deserved under teams that have it
+        (
+            [
+                {"name": "training", "capability": {GPU: "24"}},
+                {"name": "vision", "parent": "training", "deserved": {GPU: "8"}},
+                {"name": "nlp", "parent": "training", "deserved": {GPU: "4"}},
+            ],
+            (
+                "(16 GPUs lent, deserved unset)",
+                # refused at the first team summed, in the order the webhook lists them
+                "queue training validation failed: sum of children's deserved (cpu 0.00, "
+                "memory 0.00, nvidia.com/gpu ",
+                ") exceeds parent's deserved limit (cpu 0.00, memory 0.00)",
+            ),
+        ),
+        # a team queue with a GPU capability of its own, above what the broker lends
+        (
+            [
+                {"name": "training", "capability": {GPU: "24"}, "deserved": {GPU: "4"}},
+                {"name": "vision", "parent": "training", "capability": {GPU: "20"}},
+                {"name": "nlp", "parent": "training", "deserved": {GPU: "4"}},
+            ],
+            (
+                "(16 GPUs lent, deserved 4)",
+                "queue training capability[nvidia.com/gpu]=16000.00 is smaller than its "
+                "descendants' max capability=20000.00",
+            ),
+        ),
+    ],
+)
+def test_a_training_queue_patch_volcano_refuses_is_a_clear_error(
+    queues: list[dict[str, Any]], reasons: tuple[str, ...]
+) -> None:
+    """Hierarchies whose refusal the broker cannot foresee from the parent alone (its role
+    reads the training queue, not the teams'): the webhook's reason reaches the broker's
+    log as TrainingQueueRefusedError, naming the queue, the capability and the fix."""
+    held = [
+        {
+            "apiVersion": QUEUE,
+            "kind": "Queue",
+            "metadata": {"name": queue["name"]},
+            "spec": {"reclaimable": True, **{k: v for k, v in queue.items() if k != "name"}},
+        }
+        for queue in queues
+    ]
+    with KubeFake() as fake:
+        Cluster(fake, held)
+        actuator = KubernetesActuator(
+            fake.client(BROKER), ClusterTarget(namespace=NS), grace_s=30, retry_s=0.01
+        )
+        with pytest.raises(TrainingQueueRefusedError) as refused:
+            actuator.apply(grow_to(16))
+        message = str(refused.value)
+        assert message.startswith(
+            "Volcano refused capability nvidia.com/gpu=16 on the training queue training"
+        )
+        for reason in (*reasons, "(deploy/kubernetes/volcano-queues.yaml)"):
+            assert reason in message
+        assert queue_spec(fake, "training")["capability"] == {GPU: "24"}  # left as it was
+
+
+def test_the_broker_never_patches_volcanos_root_queue(cluster: tuple[Cluster, Any]) -> None:
+    """validate_queue.go AdmitQueues: the root queue's capability, deserved and guarantee
+    cannot be modified (--enable-root-queue-protection, on by default). A broker set to
+    move root says so before it asks."""
+    fake, api = cluster
+    target = ClusterTarget(namespace=NS, training_queue="root")
+    with pytest.raises(ValueError, match="cannot be Volcano's root queue"):
+        KubernetesActuator(api, target)._set_training_quota(16)
+    assert fake.broker_requests() == []
+
+
 def test_kueue_queue_without_a_gpu_quota_is_a_clear_error(
     cluster: tuple[Cluster, Any],
 ) -> None:
@@ -323,7 +469,6 @@ def test_the_brokers_role_covers_every_call_it_makes(cluster: tuple[Cluster, Any
         ("nodes", "watch", ""),
         ("deployments/scale", "get", "inference"),
         ("horizontalpodautoscalers", "get", "inference"),
-        ("queues", "get", "training"),
     }
 
 

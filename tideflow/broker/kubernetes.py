@@ -7,7 +7,12 @@
 * The inference Deployment is scaled to what its pool holds (or, when an HPA
   manages it, the HPA's bounds are moved instead of the replica count).
 * The training quota follows: a Volcano Queue's ``capability`` or a Kueue
-  ClusterQueue flavor's ``nominalQuota`` for the GPU resource.
+  ClusterQueue flavor's ``nominalQuota`` for the GPU resource. The Volcano queue
+  is the parent of the team queues, and Volcano's queue webhook admits a change
+  only while the teams' deserved, summed, stay within its ``deserved`` and that
+  within its ``capability``: its ``deserved`` (the teams' sum) is the operator's,
+  and the broker sets the capability to the GPUs it lends but never below that
+  ``deserved`` (deploy/kubernetes/volcano-queues.yaml).
 * Reclaimed gangs are evicted through the Eviction API, so PodDisruptionBudgets
   hold; each pod gets its termination grace, in which tideflow's runtime writes a
   checkpoint and exits resumable. A PDB refusal (HTTP 429) is retried until the
@@ -19,6 +24,8 @@ Role it needs is in ``deploy/kubernetes/broker-rbac.yaml``.
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,6 +97,18 @@ def _taint(taint: Any) -> dict[str, str]:
     if added is not None:
         found["timeAdded"] = added.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {name: value for name, value in found.items() if value}
+
+
+class TrainingQueueRefusedError(RuntimeError):
+    """The API server refused the training queue's new quota (a webhook or the schema)."""
+
+
+def _refusal(exc: Any) -> str:
+    """The reason an API server gave in its Status body, or the HTTP reason."""
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"{exc.status} {exc.reason}"
 
 
 @dataclass(frozen=True)
@@ -222,17 +241,60 @@ class KubernetesActuator:
                 _content_type=MERGE,
             )
 
-    def _set_training_quota(self, gpus: int) -> None:
-        if self.target.queue_kind == "volcano":
+    def _set_volcano_capability(self, gpus: int) -> int:
+        """Set the training queue's GPU capability to ``gpus``, or to its deserved if that
+        is more; the capability written.
+
+        Volcano's queue webhook (validate_queue.go, on every change of a queue's
+        capability) admits a queue only with guarantee <= deserved <= capability, a parent
+        whose deserved covers its children's summed and whose capability covers each
+        child's. The training queue's deserved is the teams' deserved summed and cannot
+        follow a smaller loan, so neither can its capability: below it, the pool's label
+        and taint alone keep training on the lent nodes. A refusal that reading the queue
+        cannot foresee (a team queue's own capability, a legacy parent without deserved)
+        raises TrainingQueueRefusedError with the webhook's reason.
+        """
+        from kubernetes.client.rest import ApiException
+        from kubernetes.utils import parse_quantity
+
+        name, resource = self.target.training_queue, self.target.gpu_resource
+        if name == "root":
+            raise ValueError(
+                "the broker's training queue cannot be Volcano's root queue: its capability, "
+                "deserved and guarantee cannot be modified (the queue webhook's root queue "
+                "protection); set TIDEFLOW_K8S_TRAINING_QUEUE to the teams' parent queue"
+            )
+        queue = self.custom.get_cluster_custom_object(
+            "scheduling.volcano.sh", "v1beta1", "queues", name
+        )
+        deserved = ((queue.get("spec") or {}).get("deserved") or {}).get(resource)
+        floor = math.ceil(parse_quantity(deserved)) if deserved is not None else 0
+        capability = max(gpus, floor)
+        try:
             self.custom.patch_cluster_custom_object(
                 "scheduling.volcano.sh",
                 "v1beta1",
                 "queues",
-                self.target.training_queue,
-                {"spec": {"capability": {self.target.gpu_resource: str(gpus)}}},
+                name,
+                {"spec": {"capability": {resource: str(capability)}}},
                 _content_type=MERGE,
             )
-            return
+        except ApiException as exc:
+            if exc.status not in (400, 422):
+                raise
+            raise TrainingQueueRefusedError(
+                f"Volcano refused capability {resource}={capability} on the training queue "
+                f"{name} ({gpus} GPUs lent, deserved {deserved or 'unset'}): {_refusal(exc)}. "
+                "Its team queues' deserved must sum to at most its deserved, and they must "
+                "set no capability of their own for that resource "
+                "(deploy/kubernetes/volcano-queues.yaml)"
+            ) from exc
+        return capability
+
+    def _set_training_quota(self, gpus: int) -> int:
+        """Move the training queue's GPU quota to ``gpus``; the quota written."""
+        if self.target.queue_kind == "volcano":
+            return self._set_volcano_capability(gpus)
         queue = self.custom.get_cluster_custom_object(
             "kueue.x-k8s.io", self.target.kueue_version, "clusterqueues", self.target.training_queue
         )
@@ -260,6 +322,7 @@ class KubernetesActuator:
             {"spec": {"resourceGroups": groups}},
             _content_type=MERGE,
         )
+        return gpus
 
     def _evict_gang(self, gang_id: str, deadline: float) -> tuple[list[str], list[str]]:
         from kubernetes import client
@@ -321,12 +384,18 @@ class KubernetesActuator:
                 inference.remove(node)
                 have -= self._gpus(node)
         self._scale_inference(have)
-        self._set_training_quota(total - have)
+        quota = self._set_training_quota(total - have)
         return KubernetesApplied(
             have,
             tuple(n.metadata.name for n in inference),
             tuple(evicted),
             tuple(refused),
             f"inference {have}/{total} GPUs on {len(inference)} node(s)"
-            + (f"; PDB kept {', '.join(refused)}" if refused else ""),
+            + (f"; PDB kept {', '.join(refused)}" if refused else "")
+            + (
+                f"; training queue capability held at its deserved {quota} "
+                f"({total - have} GPUs lent)"
+                if quota > total - have
+                else ""
+            ),
         )
