@@ -51,8 +51,8 @@ What it does NOT do
   file that is not in the reference, its comment says so.
 
 ``fake.seed(...)`` stores objects the cluster already holds without webhooks or
-RBAC (for state a test is not about, such as Volcano team queues that the
-queue webhook refuses today); everything else goes through ``fake.create`` or
+RBAC (for state a test is not about, such as the Volcano team queues a
+test of something else needs); everything else goes through ``fake.create`` or
 the real clients, and so through admission and authorization.
 
 Usage::
