@@ -27,11 +27,12 @@ codes: 0 the gang succeeded, 1 it failed, 2 bad arguments, 143 stopped.
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +49,10 @@ class StoppedError(Exception):
 
 
 def settings_to_json(settings: KubeSettings) -> str:
-    import json
-    from dataclasses import asdict
-
     return json.dumps(asdict(settings), sort_keys=True, separators=(",", ":"))
 
 
 def settings_from_json(text: str) -> KubeSettings:
-    import json
-
     data = json.loads(text)
     known = {f.name for f in fields(KubeSettings)}
     unknown = sorted(set(data) - known)
