@@ -3,10 +3,13 @@
 ``variables`` finds every ``{{...}}`` as Argo's substitution does; ``substitute``
 fills them in and fails on any it cannot resolve, as Argo's validation would.
 ``run_locally`` walks the DAG in order: container steps run their command (the
-standalone executor) as a child process with the template's environment, and
-the gang step runs the Volcano Job's worker command as one rank; each output
-parameter is read from the file its ``valueFrom.path`` names. The ``onExit``
-template runs last, with ``{{workflow.status}}`` as given.
+standalone executor) as a child process with the template's environment; each
+output parameter is read from the file its ``valueFrom.path`` names. The gang
+step's container (tideflow's gang driver) runs the same way, as its
+ServiceAccount against the Kubernetes fake (tests/kubefake): once its Volcano
+Job exists, the fake's scheduler starts the pods and the Job's one worker runs
+here as a child process, its exit code ending the pod. The ``onExit`` template
+runs last, with ``{{workflow.status}}`` as given.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    from tests.kubefake import KubeFake
 
 REPO = Path(__file__).resolve().parent.parent
 VARIABLE = re.compile(r"\{\{([^{}]*)\}\}")
@@ -73,9 +78,12 @@ def run_task(
     done: dict[str, dict[str, str]],
     workflow_name: str,
     env: dict[str, str],
+    cluster: KubeFake | None = None,
     **params: Any,
 ) -> dict[str, str]:
-    """Run one DAG task after the ones in ``done``; return its output parameters."""
+    """Run one DAG task after the ones in ``done``; return its output parameters.
+
+    A gang step needs ``cluster``: its driver creates the gang there."""
     (task,) = [t for t in dag_tasks(workflow) if t["name"] == name]
     finished = {
         f"tasks.{upstream}.outputs.parameters.{key}": value
@@ -85,38 +93,112 @@ def run_task(
     scope = {"workflow.name": workflow_name, "retries": "0", **defaults(workflow, **params)}
     for argument in (task.get("arguments") or {}).get("parameters", []):
         scope[f"inputs.parameters.{argument['name']}"] = substitute(argument["value"], finished)
+    scope["workflow.uid"] = f"uid-{workflow_name}"
     template = templates(workflow)[task["template"]]
-    if "resource" in template:
-        run_gang(substitute(template["resource"]["manifest"], scope), env)
-        return {}
+    if "serviceAccountName" in template:  # the gang driver, the one step that uses the API
+        assert cluster is not None, f"{name} drives a gang: give run_task a cluster"
+        return run_gang_step(template, scope, scratch / name, env, cluster)
     return run_container(template, scope, scratch / name, env)
+
+
+def container_command(
+    template: dict[str, Any], scope: dict[str, str], folder: Path, env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """A container template's command line and environment, as its pod would run here."""
+    container = template["container"]
+    args = [substitute(a, scope) for a in container["args"]]
+    args = [str(folder) if a == "/tmp/tideflow/outputs" else a for a in args]
+    step_env = {e["name"]: substitute(e["value"], scope) for e in container["env"]}
+    return _python([*container["command"], *args]), {**os.environ, **step_env, **env}
+
+
+def output_parameters(template: dict[str, Any], folder: Path) -> dict[str, str]:
+    return {
+        p["name"]: (folder / Path(p["valueFrom"]["path"]).name).read_text()
+        for p in (template.get("outputs") or {}).get("parameters", [])
+    }
 
 
 def run_container(
     template: dict[str, Any], scope: dict[str, str], folder: Path, env: dict[str, str]
 ) -> dict[str, str]:
     """Run a container template's command here; return its output parameters."""
-    name = template["name"]
-    container = template["container"]
-    args = [substitute(a, scope) for a in container["args"]]
-    args = [str(folder) if a == "/tmp/tideflow/outputs" else a for a in args]
-    step_env = {e["name"]: substitute(e["value"], scope) for e in container["env"]}
+    command, full_env = container_command(template, scope, folder, env)
     finished_run = subprocess.run(
-        _python([*container["command"], *args]),
-        env={**os.environ, **step_env, **env},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+        command, env=full_env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False
     )
     assert finished_run.returncode == 0, (
-        f"{name}:\n{finished_run.stdout[-3000:]}\n{finished_run.stderr[-3000:]}"
+        f"{template['name']}:\n{finished_run.stdout[-3000:]}\n{finished_run.stderr[-3000:]}"
     )
-    return {
-        p["name"]: (folder / Path(p["valueFrom"]["path"]).name).read_text()
-        for p in (template.get("outputs") or {}).get("parameters", [])
-    }
+    return output_parameters(template, folder)
+
+
+def start_gang_driver(
+    template: dict[str, Any],
+    scope: dict[str, str],
+    folder: Path,
+    env: dict[str, str],
+    cluster: KubeFake,
+) -> subprocess.Popen[str]:
+    """The gang step's pod: its driver as a child process, with its ServiceAccount's token."""
+    from tests.kubefake import service_account
+
+    folder.mkdir(parents=True, exist_ok=True)
+    namespace = template_namespace(template)
+    identity = service_account(namespace, template["serviceAccountName"])
+    kubeconfig = cluster.kubeconfig(folder / "kubeconfig", identity, namespace)
+    command, full_env = container_command(template, scope, folder, env)
+    return subprocess.Popen(
+        command,
+        env={**full_env, "KUBECONFIG": str(kubeconfig)},
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def template_namespace(template: dict[str, Any]) -> str:
+    """The namespace the driver's gang goes to: its --kube-settings say."""
+    import json
+
+    args = template["container"]["args"]
+    return str(json.loads(args[args.index("--kube-settings") + 1])["namespace"])
+
+
+def wait_for_gang(cluster: KubeFake, namespace: str, driver: subprocess.Popen[str]) -> str:
+    """The name of the Volcano Job the driver created (waits up to 60 s)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        jobs = cluster.list("batch.volcano.sh/v1alpha1", "Job", namespace)
+        if jobs:
+            return str(jobs[0]["metadata"]["name"])
+        assert driver.poll() is None, f"the driver exited {driver.returncode}: {driver.stdout}"
+        time.sleep(0.1)
+    raise AssertionError("the driver created no Volcano Job within 60 s")
+
+
+def run_gang_step(
+    template: dict[str, Any],
+    scope: dict[str, str],
+    folder: Path,
+    env: dict[str, str],
+    cluster: KubeFake,
+) -> dict[str, str]:
+    """The gang step on the fake cluster: the driver creates the Job, its one worker runs
+    here, the fake's Volcano controller ends the Job, and the driver reports its outputs."""
+    driver = start_gang_driver(template, scope, folder, env, cluster)
+    namespace = template_namespace(template)
+    name = wait_for_gang(cluster, namespace, driver)
+    cluster.volcano.pods_running(namespace, name)
+    code = run_worker(cluster.volcano.pod(namespace, name), env)
+    if code == 0:
+        cluster.volcano.pods_succeeded(namespace, name)
+    else:
+        cluster.volcano.pod_failed(namespace, name, exit_code=code)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == 0, f"{template['name']} (driver):\n{out[-3000:]}"
+    return output_parameters(template, folder)
 
 
 def run_locally(
@@ -125,6 +207,7 @@ def run_locally(
     *,
     workflow_name: str,
     env: dict[str, str],
+    cluster: KubeFake | None = None,
     **params: Any,
 ) -> dict[str, dict[str, str]]:
     """Run every step in DAG order, then the exit handler; return each task's outputs."""
@@ -137,6 +220,7 @@ def run_locally(
             done=outputs,
             workflow_name=workflow_name,
             env=env,
+            cluster=cluster,
             **params,
         )
     run_exit_handler(workflow, scratch, workflow_name=workflow_name, env=env, status="Succeeded")
@@ -163,12 +247,11 @@ def run_exit_handler(
     run_container(template, scope, scratch / template["name"], env)
 
 
-def run_gang(manifest: str, env: dict[str, str]) -> None:
-    """One worker of the Volcano Job, as its pod would run it (rank 0 of a gang of one)."""
-    job = yaml.safe_load(manifest)
-    assert job["spec"]["minAvailable"] == 1, "run the gang with workers=1 here"
-    (container,) = job["spec"]["tasks"][0]["template"]["spec"]["containers"]
-    pod_env = {e["name"]: e["value"] for e in container["env"]}
+def run_worker(pod: dict[str, Any], env: dict[str, str]) -> int:
+    """The worker pod's container, run here as rank 0 of a gang of one; its exit code."""
+    (container,) = pod["spec"]["containers"]
+    pod_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert pod_env.get("WORLD_SIZE") == "1", "run the gang with workers=1 here"
     pod_env |= {"VC_TASK_INDEX": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     done = subprocess.run(
         _python(container["command"]),
@@ -179,4 +262,6 @@ def run_gang(manifest: str, env: dict[str, str]) -> None:
         timeout=600,
         check=False,
     )
-    assert done.returncode == 0, f"gang worker:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    if done.returncode != 0:
+        print(f"gang worker exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done.returncode

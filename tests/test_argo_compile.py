@@ -1,10 +1,10 @@
 """`tideflow compile --target argo`: the pipeline as an Argo WorkflowTemplate, through hera.
 
 The emitted object round-trips through hera's generated Argo model, has the
-Airflow DAG's steps and dependencies, mirrors the params, runs the gang as a
-Volcano Job (valid against Volcano's CRD schema once Argo has filled in the
-parameters; skipped with the reason where ../shared is absent), places and
-secures every pod, and refers only to variables Argo can resolve. Templates
+Airflow DAG's steps and dependencies, mirrors the params, runs the gang step
+as tideflow's gang driver with its own ServiceAccount (what the driver does on a
+cluster is tests/test_argo_gang_step.py), places and secures every pod, and
+refers only to variables Argo can resolve. Templates
 with no Argo form are refused with the file, line, field and what is accepted.
 It equals its golden file (regenerate with TIDEFLOW_UPDATE_GOLDEN=1, never in CI).
 """
@@ -24,8 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.argo_run import dag_tasks, defaults, substitute, templates, variables
-from tests.kubefake.schemas import SCHEMAS, crd_schema, validate
+from tests.argo_run import dag_tasks, templates, variables
 from tests.test_cli import tideflow
 from tideflow.argo import compile_pipeline, render
 from tideflow.compile.dag_plan import compile_dag_plan
@@ -205,8 +204,8 @@ def test_upstream_outputs_flow_through_task_arguments(digits: dict[str, Any]) ->
     }
     template = templates(digits)["train"]
     assert [p["name"] for p in template["inputs"]["parameters"]] == sorted(passed)
-    manifest = template["resource"]["manifest"]
-    assert "'{{inputs.parameters.prepare-data_train}}'" in manifest
+    args = template["container"]["args"]
+    assert "entrypoint/4:str={{inputs.parameters.prepare-data_train}}" in args
     prep = templates(digits)["prepare-data"]
     assert prep["outputs"]["parameters"] == [
         {"name": name, "valueFrom": {"path": f"/tmp/tideflow/outputs/{name}"}}
@@ -217,7 +216,8 @@ def test_upstream_outputs_flow_through_task_arguments(digits: dict[str, Any]) ->
 def test_every_variable_resolves_in_its_scope(digits: dict[str, Any]) -> None:
     """What Argo's validation checks: each {{...}} names something in scope."""
     declared = {p["name"] for p in digits["spec"]["arguments"]["parameters"]}
-    global_scope = {"workflow.name"} | {f"workflow.parameters.{p}" for p in declared}
+    global_scope = {"workflow.name", "workflow.uid"}
+    global_scope |= {f"workflow.parameters.{p}" for p in declared}
     outputs = {
         name: {p["name"] for p in (t.get("outputs") or {}).get("parameters", [])}
         for name, t in templates(digits).items()
@@ -251,52 +251,44 @@ def test_every_variable_resolves_in_its_scope(digits: dict[str, Any]) -> None:
 # -- the gang step ----------------------------------------------------------------------------
 
 
-def volcano_job(digits: dict[str, Any], **params: Any) -> dict[str, Any]:
-    """The Job Argo creates: the manifest with the run's values filled in."""
-    resource = templates(digits)["train"]["resource"]
-    scope = {"workflow.name": "digits-x7k2p", "retries": "0", **defaults(digits, **params)}
-    scope |= {
-        f"inputs.parameters.{p['name']}": f"s3://tideflow/artifacts/digits/x/{p['name']}.npz"
-        for p in templates(digits)["train"]["inputs"]["parameters"]
-    }
-    job: dict[str, Any] = yaml.safe_load(substitute(resource["manifest"], scope))
-    return job
+def argument(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
 
 
-def test_gang_step_is_a_volcano_job_resource(digits: dict[str, Any]) -> None:
+def test_gang_step_runs_the_driver_as_the_one_step_with_an_api_token(
+    digits: dict[str, Any],
+) -> None:
+    """The driver gets the step as the executor would, the settings its gang is built
+    with, and the workflow as the gang's owner; it reports where the checkpoints are,
+    and evaluation and promotion read that store from it (one store rule: the driver's)."""
+    from tideflow.kube.settings import settings_from_json
+
+    settings = KubeSettings()
     template = templates(digits)["train"]
-    resource = template["resource"]
-    assert resource["action"] == "create" and resource["setOwnerReference"] is True
-    assert resource["successCondition"] == "status.state.phase == Completed"
-    assert resource["failureCondition"] == "status.state.phase in (Failed,Terminated,Aborted)"
-    # Argo fills the size in before creating the object: an unquoted number.
-    assert "minAvailable: {{workflow.parameters.workers}}" in resource["manifest"]
-    job = volcano_job(digits)
-    assert job["apiVersion"] == "batch.volcano.sh/v1alpha1" and job["kind"] == "Job"
-    spec = job["spec"]
-    assert spec["minAvailable"] == 2 and spec["tasks"][0]["replicas"] == 2
-    assert volcano_job(digits, workers=1)["spec"]["minAvailable"] == 1
-    assert spec["queue"] == "vision" and spec["maxRetry"] == 3  # 2 restarts
-    # One Job per attempt, all of them resuming from the run's own checkpoint store.
-    assert job["metadata"]["name"] == "digits-x7k2p-train-0"
-    (container,) = spec["tasks"][0]["template"]["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["WORLD_SIZE"] == "2"
-    assert env["MASTER_ADDR"] == "digits-x7k2p-train-0-worker-0.digits-x7k2p-train-0"
-    assert env["TIDEFLOW_CHECKPOINT_URI"] == (
-        "s3://tideflow/artifacts/digits/digits-x7k2p/train/checkpoints"
-    )
-    assert container["command"][-6:] == ["--lr", "0.05", "--epochs", "10", "--seed", "42"]
-    assert job["metadata"]["labels"]["tideflow.io/gang"] == "digits-x7k2p-train"
-
-
-@pytest.mark.skipif(not SCHEMAS.is_dir(), reason=f"no CRD schemas at {SCHEMAS}")
-def test_gang_job_validates_against_volcanos_crd_schema(digits: dict[str, Any]) -> None:
-    schema = crd_schema("volcano/batch.volcano.sh_jobs.yaml", "v1alpha1")
-    assert validate(volcano_job(digits), schema) == []
-    assert validate(volcano_job(digits, workers=1), schema) == []
-    broken = volcano_job(digits, workers="two")
-    assert any("minAvailable" in problem for problem in validate(broken, schema))
+    container = template["container"]
+    assert container["command"] == ["python", "-m", "tideflow.gangs.driver"]
+    args = container["args"]
+    assert args[0] == "gang_training" and argument(args, "--run-id") == "{{workflow.name}}"
+    assert settings_from_json(argument(args, "--kube-settings")) == settings
+    assert argument(args, "--owner-name") == "{{workflow.name}}"
+    assert argument(args, "--owner-uid") == "{{workflow.uid}}"
+    # The gang's size is the workflow parameter's, typed.
+    assert "workers:int={{workflow.parameters.workers}}" in args
+    assert template["serviceAccountName"] == settings.argo_gang_driver_service_account
+    assert template["automountServiceAccountToken"] is True
+    assert [p["name"] for p in template["outputs"]["parameters"]] == [
+        "checkpoint_store",
+        "checkpoint",
+        "checkpoint_step",
+    ]
+    store = "{{inputs.parameters.train_checkpoint_store}}"
+    for step in ("evaluate", "promote"):
+        assert argument(templates(digits)[step]["container"]["args"], "--checkpoint-store") == store
+    (evaluate,) = [t for t in dag_tasks(digits) if t["name"] == "evaluate"]
+    assert {
+        "name": "train_checkpoint_store",
+        "value": "{{tasks.train.outputs.parameters.checkpoint_store}}",
+    } in evaluate["arguments"]["parameters"]
 
 
 def test_gang_size_must_be_a_number_or_an_int_param(tmp_path: Path) -> None:
@@ -318,8 +310,11 @@ def test_gang_size_must_be_a_number_or_an_int_param(tmp_path: Path) -> None:
     )
 
 
-def test_a_restart_count_set_by_a_parameter_gets_volcanos_one_extra_retry(tmp_path: Path) -> None:
-    """Volcano's maxRetry N allows N - 1 restarts (tideflow.kube.volcano.volcano_max_retry)."""
+def test_a_restart_count_set_by_a_parameter_reaches_the_driver_as_a_number(
+    tmp_path: Path,
+) -> None:
+    """The driver's backend turns it into Volcano's maxRetry (restarts + 1), as for
+    the operator (tideflow.kube.volcano.volcano_max_retry)."""
     path = write(
         tmp_path,
         pipeline(
@@ -333,8 +328,8 @@ def test_a_restart_count_set_by_a_parameter_gets_volcanos_one_extra_retry(tmp_pa
         ),
     )
     workflow = yaml.safe_load(compile_pipeline(path, settings=KubeSettings())[1])
-    manifest = templates(workflow)["train"]["resource"]["manifest"]
-    assert "maxRetry: {{=asInt(workflow.parameters.seed) + 1}}" in manifest
+    args = templates(workflow)["train"]["container"]["args"]
+    assert "max_restarts:int={{workflow.parameters.seed}}" in args
 
 
 # -- pods ---------------------------------------------------------------------------------------
@@ -377,18 +372,12 @@ def test_every_pod_is_restricted_and_valid_kubernetes(digits: dict[str, Any]) ->
     import kubernetes_validate
 
     steps = container_templates(digits)
-    assert set(steps) == {"prepare-data", "evaluate", "promote", "pipeline-end"}
+    assert set(steps) == {"prepare-data", "train", "evaluate", "promote", "pipeline-end"}
     for template in steps.values():
         pod = as_pod(template)
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
         assert restricted_problems(pod["spec"]) == []
-    worker = volcano_job(digits)["spec"]["tasks"][0]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod", **worker}
-    pod["metadata"] = {"name": "w", **worker["metadata"]}
-    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
-    assert restricted_problems(pod["spec"]) == []
-    # The pod of the resource step (Argo's own) is restricted at the pod level too.
-    assert templates(digits)["train"]["securityContext"]["runAsNonRoot"] is True
+    # The gang's worker pods are admitted by the fake (tests/test_argo_gang_step.py).
     broken = as_pod(steps["promote"])
     broken["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
     assert restricted_problems(broken["spec"]) == ["allowPrivilegeEscalation"]
@@ -397,9 +386,10 @@ def test_every_pod_is_restricted_and_valid_kubernetes(digits: dict[str, Any]) ->
 def test_workflow_pods_mount_no_token_and_argos_executor_has_its_own(
     digits: dict[str, Any],
 ) -> None:
-    """Step containers never call the Kubernetes API; Argo's executor does (it reports
-    outputs as WorkflowTaskResults and creates the gang), with its own ServiceAccount,
-    whose token Argo mounts into its executor containers only.
+    """Step containers never call the Kubernetes API, except the gang driver, which gets
+    its own ServiceAccount's token; Argo's executor reports outputs as
+    WorkflowTaskResults with its own ServiceAccount, whose token Argo mounts into its
+    executor containers only.
 
     upstream: argo docs/fields.md WorkflowSpec (automountServiceAccountToken: "
     ServiceAccountName of ExecutorConfig must be specified if this value is false";
@@ -413,17 +403,17 @@ def test_workflow_pods_mount_no_token_and_argos_executor_has_its_own(
     assert spec["serviceAccountName"] == settings.argo_service_account
     assert spec["automountServiceAccountToken"] is False
     assert spec["executor"] == {"serviceAccountName": settings.argo_executor_service_account}
-    for name, template in templates(digits).items():
-        assert "automountServiceAccountToken" not in template, name
-        assert "serviceAccountName" not in template, name
-    # The gang's workers run as the gang's ServiceAccount, without a token either.
-    worker = volcano_job(digits)["spec"]["tasks"][0]["template"]
-    assert worker["spec"]["serviceAccountName"] == settings.gang_service_account
-    assert worker["spec"]["automountServiceAccountToken"] is False
-    # Steps and gang workers report to MLflow; the resource step only to the API server.
+    tokens = {
+        name: (t.get("serviceAccountName"), t.get("automountServiceAccountToken"))
+        for name, t in templates(digits).items()
+        if "container" in t
+    }
+    assert tokens.pop("train") == (settings.argo_gang_driver_service_account, True)
+    assert set(tokens.values()) == {(None, None)}  # the workflow's: no token
+    # Steps report to MLflow; the driver only to the API server.
     for name, template in container_templates(digits).items():
-        assert template["metadata"]["labels"][MLFLOW_CLIENT_LABEL] == "true", name
-    assert worker["metadata"]["labels"][MLFLOW_CLIENT_LABEL] == "true"
+        if name != "train":
+            assert template["metadata"]["labels"][MLFLOW_CLIENT_LABEL] == "true", name
     assert MLFLOW_CLIENT_LABEL not in templates(digits)["train"]["metadata"]["labels"]
     names = KubeSettings(argo_service_account="a", argo_executor_service_account="b")
     other = compile_workflow(
@@ -449,8 +439,6 @@ def test_pods_select_their_pool_and_tolerate_its_taint(digits: dict[str, Any]) -
         "promote": "cpu",
         "pipeline-end": "cpu",
     }
-    worker = volcano_job(digits)["spec"]["tasks"][0]["template"]["spec"]
-    assert worker["nodeSelector"] == {POOL_LABEL: "cpu"} and toleration in worker["tolerations"]
     evaluate = templates(digits)["evaluate"]["container"]
     assert evaluate["resources"]["limits"]["huawei.com/Ascend910"] == "1"
 
@@ -572,7 +560,7 @@ def test_outputs_a_step_cannot_have_are_refused(tmp_path: Path) -> None:
               evaluation:
                 entrypoint: "m:f"
                 metrics: [accuracy]
-                args: {c: "{{ ti.xcom_pull(task_ids='train')['checkpoint'] }}"}
+                args: {c: "{{ ti.xcom_pull(task_ids='train')['model'] }}"}
             """
         ),
     )
@@ -583,7 +571,8 @@ def test_outputs_a_step_cannot_have_are_refused(tmp_path: Path) -> None:
     assert "steps[0].data_prep.outputs[1]: output name 'bad.name' is not an Argo" in text
     assert "steps[1].gang_training.entrypoint[3]: step 'prep' has no output 'test'" in text
     assert "one of its outputs: train, bad.name" in text
-    assert "steps[2].evaluation.args.c: reads 'checkpoint' of gang step 'train'" in text
+    assert "steps[2].evaluation.args.c: step 'train' has no output 'model'" in text
+    assert "checkpoint_store, checkpoint, checkpoint_step" in text
 
 
 def test_a_gang_needs_a_command_entry_point(repo: Path) -> None:

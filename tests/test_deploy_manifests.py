@@ -135,9 +135,9 @@ def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
 def emitted_pods() -> dict[str, dict[str, Any]]:
     """Every pod template tideflow emits, by where it comes from: metadata and spec.
 
-    Gang pods as a Volcano Job and as a JobSet (and the Volcano Job an Argo workflow
-    creates), the Argo WorkflowTemplate's container steps (the parts tideflow sets:
-    Argo adds its own executor containers) and the Airflow task pods' overrides.
+    Gang pods as a Volcano Job and as a JobSet (an Argo workflow's gang driver builds
+    the same ones), the Argo WorkflowTemplate's container steps (the parts tideflow
+    sets: Argo adds its own executor containers) and the Airflow task pods' overrides.
     """
     from tideflow.argo import compile_pipeline
     from tideflow.compile.dag_plan import compile_dag_plan
@@ -164,10 +164,6 @@ def emitted_pods() -> dict[str, dict[str, Any]]:
             if "securityContext" in template:
                 spec["securityContext"] = template["securityContext"]
             found[f"argo-{template['name']}"] = {"metadata": template["metadata"], "spec": spec}
-        if "resource" in template:
-            manifest = re.sub(r"\{\{[^}]*\}\}", "1", template["resource"]["manifest"])
-            job = yaml.safe_load(manifest)
-            found[f"argo-{template['name']}-gang"] = job["spec"]["tasks"][0]["template"]
     for task in compile_dag_plan(load_pipeline(digits)).tasks:
         found[f"airflow-{task.task_id}"] = task_pod(task, settings, None)
     return found
@@ -175,7 +171,7 @@ def emitted_pods() -> dict[str, dict[str, Any]]:
 
 def test_every_pod_tideflow_emits_meets_the_restricted_pod_security_standard() -> None:
     pods = emitted_pods()
-    assert {"volcano-gpu", "jobset-gpu", "argo-evaluate", "argo-train-gang", "airflow-train"} <= (
+    assert {"volcano-gpu", "jobset-gpu", "argo-evaluate", "argo-train", "airflow-train"} <= (
         set(pods)
     )
     for name, pod in pods.items():
@@ -348,15 +344,14 @@ def test_argo_workflow_pods_mount_no_token_and_its_executor_may_do_only_what_arg
     """Workflow pods run as one ServiceAccount with no token mounted; Argo mounts the
     executor ServiceAccount's token into its own containers only.
 
-    upstream: argo workflow/controller/operator.go executeResource (a resource step's
-    main container is argoexec, made by newExecContainer) and Argo's workflowpod.go
-    setupServiceAccount/newExecContainer (the executor token volume, mounted in the
-    executor containers only; automountServiceAccountToken false needs
-    executor.serviceAccountName); argo workflow/validate/validate.go (the same rule);
-    argo workflow-executor-resource.go (the resource step runs `kubectl create` and
-    then GETs the object until a condition holds); Argo's quick-start emissary
-    executor Role (workflowtaskresults: create, patch) and docs/service-account-secrets.md
-    (the executor token Secret is found by the name <account>.service-account-token).
+    upstream: Argo's workflowpod.go setupServiceAccount/newExecContainer (the executor
+    token volume, mounted in the executor containers only; automountServiceAccountToken
+    false needs executor.serviceAccountName); argo workflow/validate/validate.go (the
+    same rule); Argo's quick-start emissary executor Role (workflowtaskresults: create,
+    patch) and docs/service-account-secrets.md (the executor token Secret is found by
+    the name <account>.service-account-token). The executor creates nothing: the gang
+    step's driver does, as its own ServiceAccount (tests/test_argo_gang_step.py shows
+    that account's grants suffice).
     """
     from tideflow.kube import KubeSettings
 
@@ -375,8 +370,6 @@ def test_argo_workflow_pods_mount_no_token_and_its_executor_may_do_only_what_arg
     assert grants(role) == {
         ("argoproj.io", "workflowtaskresults", "create"),
         ("argoproj.io", "workflowtaskresults", "patch"),
-        ("batch.volcano.sh", "jobs", "create"),
-        ("batch.volcano.sh", "jobs", "get"),
     }
     subjects = {
         b["roleRef"]["name"]: {s["name"] for s in b["subjects"]} for b in by_kind("RoleBinding")
@@ -877,7 +870,7 @@ def test_gang_pods_reach_each_other_mlflow_s3_and_dns_and_nothing_else() -> None
 
     port = KubeSettings().master_port
     gangs = gang_endpoints()
-    assert {"volcano-gpu", "jobset-gpu", "argo-train-gang"} <= set(gangs)
+    assert {"volcano-gpu", "jobset-gpu"} <= set(gangs)
     volcano = [VOLCANO_JOB_POLICY]
     mlflow = mlflow_pod()
     task_pod_ = airflow_pod("workers")
@@ -895,8 +888,7 @@ def test_gang_pods_reach_each_other_mlflow_s3_and_dns_and_nothing_else() -> None
         assert not connects(worker, airflow_pod("apiServer"), 8080), name
     # Volcano's plugin (on: no --disable-network-policy) admits a Job's own pods; the
     # JobSet policy admits JobSet gang pods.
-    for name in ("volcano-gpu", "argo-train-gang"):
-        assert not connects(gangs["jobset-gpu"], gangs[name], port, extra=volcano)
+    assert not connects(gangs["jobset-gpu"], gangs["volcano-gpu"], port, extra=volcano)
     job = KubeSettings()
     from tideflow.kube.volcano import gang_volcano_job
 

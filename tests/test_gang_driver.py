@@ -21,9 +21,10 @@ from tests.kubefake import DEPLOY, KubeFake, service_account
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.backends.protocol import GangState
 from tideflow.gangs import ResolvedGang, resolve_gang
-from tideflow.gangs.driver import StoppedError, drive, main, settings_to_json
+from tideflow.gangs.driver import StoppedError, drive, main
 from tideflow.kube import KubeSettings
 from tideflow.kube.names import gang_object_name
+from tideflow.kube.settings import settings_to_json
 from tideflow.kube.volcano import EXIT_PREEMPTED
 
 NS = "tideflow"
@@ -41,8 +42,7 @@ CONFIG = {
 
 
 @pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeFake]:
-    monkeypatch.setenv("TIDEFLOW_ARTIFACT_ROOT", (tmp_path / "artifacts").as_uri())
+def fake() -> Iterator[KubeFake]:
     with KubeFake() as cluster:
         cluster.apply(DEPLOY / "priority-classes.yaml")
         cluster.seed(DEPLOY / "volcano-queues.yaml")
@@ -50,7 +50,17 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeFake]:
         yield cluster
 
 
-def argv(tmp_path: Path, run_id: str = "vision-train-x7k2p", **extra: str) -> list[str]:
+def argv(
+    tmp_path: Path,
+    run_id: str = "vision-train-x7k2p",
+    *,
+    config: dict[str, object] | None = None,
+    roots: str = "",
+    **extra: str,
+) -> list[str]:
+    settings = KubeSettings(
+        namespace=NS, artifact_root=(tmp_path / "artifacts").as_uri(), checkpoint_roots=roots
+    )
     args = [
         "gang_training",
         "--pipeline",
@@ -62,11 +72,11 @@ def argv(tmp_path: Path, run_id: str = "vision-train-x7k2p", **extra: str) -> li
         "--run-id",
         run_id,
         "--config",
-        json.dumps({**CONFIG, "workers": 1}),
+        json.dumps({**CONFIG, "workers": 1, **(config or {})}),
         "--set",
         "workers:int=2",  # as Argo fills in {{workflow.parameters.workers}}
         "--kube-settings",
-        settings_to_json(SETTINGS),
+        settings_to_json(settings),
         "--outputs",
         str(tmp_path / "outputs"),
     ]
@@ -219,3 +229,31 @@ def test_the_driver_resubmits_a_preempted_gang_with_its_restarts(fake: KubeFake)
     assert final["spec"]["maxRetry"] == 2  # its one restart still allowed
     # every Volcano grant of the driver's Role was used; only the JobSet ones were not
     assert {grant.group for grant in fake.rbac.unused(DRIVER, NS)} == {"jobset.x-k8s.io"}
+
+
+def test_a_checkpoint_store_outside_the_teams_roots_is_refused_before_any_gang(
+    fake: KubeFake,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The roots come with the settings (TIDEFLOW_CHECKPOINT_ROOTS where the workflow
+    was compiled), as the operator checks them on Airflow."""
+    monkeypatch.setattr("tideflow.gangs.driver.POLL_S", 0.05)
+    other = (tmp_path / "other-team").as_uri()
+    elsewhere = {"checkpoint": {"keep_last": 2, "store": other}}
+    code = main(argv(tmp_path, config=elsewhere), api_client=fake.client(DRIVER))
+    assert code == 2
+    assert "outside the roots team 'vision' may write" in capsys.readouterr().err
+    assert fake.list("batch.volcano.sh/v1alpha1", "Job", NS) == []
+
+    def succeed(name: str) -> None:
+        fake.volcano.pods_running(NS, name)
+        fake.volcano.pods_succeeded(NS, name)
+
+    watcher = when_created(fake, succeed, job_name())
+    declared = argv(tmp_path, config=elsewhere, roots=f"vision={other}")
+    assert main(declared, api_client=fake.client(DRIVER)) == 0
+    watcher.join(5)
+    store = (tmp_path / "outputs" / "checkpoint_store").read_text()
+    assert store == f"{other}/vision-train/vision-train-x7k2p/train/checkpoints"

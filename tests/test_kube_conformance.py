@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from tests.kubefake import DEPLOY, KubeFake, service_account
-from tests.kubefake.argo import resource_state
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend, follow
 from tideflow.kube import KubeSettings
@@ -30,7 +29,6 @@ NS = "tideflow"
 WORKER = service_account(NS, "tideflow-airflow-worker")
 TRIGGERER = service_account(NS, "tideflow-airflow-triggerer")
 BROKER = service_account(NS, "tideflow-broker")
-EXECUTOR = service_account(NS, "tideflow-argo-executor")
 VOLCANO = KubeSettings(namespace=NS)
 KUEUE = KubeSettings(namespace=NS, gang_scheduler="kueue")
 
@@ -298,44 +296,3 @@ def test_the_airflow_identities_hold_exactly_what_the_gang_path_uses(fake: KubeF
     assert all(r.code < 400 for r in fake.requests_by(TRIGGERER))
     assert fake.rbac.unused(WORKER, NS) == set()
     assert fake.rbac.unused(TRIGGERER, NS) == set()
-
-
-def test_argos_gang_step_creates_a_volcano_job_its_conditions_follow(
-    fake: KubeFake, repo: Any
-) -> None:
-    """deploy/kubernetes/argo-rbac.yaml: Argo's executor creates the Job and reads it;
-    argo workflow-executor-resource.go judges it by the step's success and failure
-    conditions (tideflow.kube.argo SUCCESS / FAILURE)."""
-    import yaml
-
-    from tests.test_argo_compile import volcano_job
-    from tideflow.argo.workflow import compile_pipeline
-    from tideflow.kube.argo import FAILURE, SUCCESS
-
-    digits = yaml.safe_load(
-        compile_pipeline(repo / "pipelines" / "digits.yaml", settings=VOLCANO)[1]
-    )
-    manifest = volcano_job(digits)
-    manifest["metadata"]["namespace"] = NS
-    created = fake.create(manifest, EXECUTOR)
-    name = created["metadata"]["name"]
-    path = f"/apis/batch.volcano.sh/v1alpha1/namespaces/{NS}/jobs/{name}"
-
-    def state() -> str:
-        code, obj = fake.request("GET", path, user=EXECUTOR)
-        assert code == 200
-        return resource_state(obj, SUCCESS, FAILURE)
-
-    assert state() == "waiting"
-    fake.volcano.pods_running(NS, name)
-    assert state() == "waiting"
-    fake.volcano.pods_succeeded(NS, name)
-    assert state() == "succeeded"
-    failing = volcano_job(digits)
-    failing["metadata"].update(namespace=NS, name=f"{name}-again")
-    fake.create(failing, EXECUTOR)
-    fake.volcano.pods_running(NS, f"{name}-again")
-    fake.volcano.pod_failed(NS, f"{name}-again", exit_code=76)
-    fake.pods.finish_terminating(NS)
-    _, obj = fake.request("GET", f"{path}-again", user=EXECUTOR)
-    assert resource_state(obj, SUCCESS, FAILURE) == "failed"

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from tests.kubefake import ADMIN, DEPLOY, ApiError, KubeFake, service_account
-from tests.kubefake.argo import resource_state
 from tests.kubefake.kueue import NotAdmittedError
 from tests.kubefake.volcano import Volcano
 
@@ -302,6 +301,37 @@ def test_unknown_fields_are_refused_and_schema_errors_are_invalid(fake: KubeFake
     }
     error = refused(fake, queue)
     assert error.code == 400 and 'unknown field "spec.capabilty"' in error.message
+
+
+@pytest.mark.parametrize("kind", ["Pod", "Queue"])
+def test_every_objects_name_and_labels_follow_the_api_servers_metadata_rules(
+    fake: KubeFake, kind: str
+) -> None:
+    """apimachinery ValidateObjectMeta / ValidateLabels run for built-in and custom
+    resources alike: a label value is at most 63 characters, a key a qualified name."""
+
+    def obj(name: str, labels: dict[str, str]) -> dict[str, Any]:
+        if kind == "Pod":
+            made = pod(name)
+        else:
+            made = {
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "Queue",
+                "metadata": {"name": name},
+                "spec": {"weight": 1},
+            }
+        made["metadata"]["labels"] = labels
+        return made
+
+    fake.create(obj("ok", {"tideflow.io/gang": "g" * 63, "a_b.c": ""}))
+    error = refused(fake, obj("long", {"tideflow.io/gang": "g" * 64}))
+    assert error.code == 422 and "must be no more than 63 characters" in error.message
+    error = refused(fake, obj("bad-key", {"tideflow.io/": "x"}))
+    assert "name part must be non-empty" in error.message
+    error = refused(fake, obj("bad-value", {"k": "-starts-with-a-dash"}))
+    assert "a valid label must be an empty string" in error.message
+    error = refused(fake, obj("Upper", {}))
+    assert "a lowercase RFC 1123 subdomain" in error.message
 
 
 def cluster_queue(**spec: Any) -> dict[str, Any]:
@@ -1181,26 +1211,3 @@ def test_kueue_borrows_within_the_cohort_up_to_the_limit(fake: KubeFake) -> None
     fake.create(jobset("c", queue_name="nobody"))
     with pytest.raises(NotAdmittedError, match="LocalQueue nobody doesn't exist"):
         fake.kueue.admit(NS, "c")
-
-
-# -- Argo: resource step conditions ----------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("phase", "state"),
-    [
-        ("Completed", "succeeded"),
-        ("Failed", "failed"),
-        ("Aborted", "failed"),
-        ("Running", "waiting"),
-    ],
-)
-def test_argo_resource_conditions(phase: str, state: str) -> None:
-    """argo workflow-executor-resource.go matchConditions: any failure requirement fails the
-    step, every success requirement must hold, else it polls on."""
-    obj = {"status": {"state": {"phase": phase}}}
-    success = "status.state.phase == Completed"
-    failure = "status.state.phase in (Failed,Terminated,Aborted)"
-    assert resource_state(obj, success, failure) == state
-    assert resource_state(obj, None, None) == "succeeded"
-    assert resource_state({"status": {"n": 3}}, "status.n > 2", None) == "succeeded"

@@ -3,9 +3,11 @@
 The commands come from the compiled WorkflowTemplate itself, with Argo's
 variables filled in as Argo would (tests/argo_run.py): the digits data prep
 writes its split into a file:// artifact root and its output parameters to
-files; the whole workflow then runs here step after step (the gang as one
-worker of its Volcano Job), evaluation logs its metrics to an MLflow run, and
-promotion registers and promotes the checkpoint exactly once.
+files; the whole workflow then runs here step after step, evaluation logs its
+metrics to an MLflow run, and promotion registers and promotes the checkpoint
+exactly once. The gang step's driver talks to the Kubernetes fake
+(tests/kubefake: no API server or Volcano controller can run here) as its own
+ServiceAccount, and the Job's one worker runs here as a child process.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -24,6 +27,7 @@ import pytest
 import yaml
 
 from tests.argo_run import REPO, run_exit_handler, run_locally, run_task, templates
+from tests.kubefake import DEPLOY, KubeFake
 from tideflow.argo import compile_pipeline
 from tideflow.kube import KubeSettings
 from tideflow.steps.standalone import assign, parse_assignment, read_value
@@ -39,6 +43,14 @@ def compiled(tmp_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     )
     text = compile_pipeline(REPO / "pipelines" / "digits.yaml", settings=settings)[1]
     return yaml.safe_load(text), {"TIDEFLOW_HOME": str(tmp_path / "home")}
+
+
+@pytest.fixture
+def cluster() -> Iterator[KubeFake]:
+    with KubeFake() as fake:
+        fake.apply(DEPLOY / "priority-classes.yaml")
+        fake.seed(DEPLOY / "volcano-queues.yaml")
+        yield fake
 
 
 def load_npz(uri: str) -> dict[str, np.ndarray]:
@@ -68,15 +80,24 @@ def test_data_prep_runs_the_digits_entry_point_and_writes_its_outputs(tmp_path: 
     assert set(np.unique(validation["y"])) == set(range(10))
 
 
-def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path) -> None:
+def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFake) -> None:
     from mlflow.tracking import MlflowClient
 
     workflow, env = compiled(tmp_path)
     outputs = run_locally(
-        workflow, tmp_path / "out", workflow_name=WORKFLOW, env=env, workers=1, epochs=3
+        workflow,
+        tmp_path / "out",
+        workflow_name=WORKFLOW,
+        env=env,
+        cluster=cluster,
+        workers=1,
+        epochs=3,
     )
     evaluated = outputs["evaluate"]
     store = f"{(tmp_path / 'artifacts').as_uri()}/digits/{WORKFLOW}/train/checkpoints"
+    # The gang step reported its store and newest checkpoint; evaluation read that store.
+    assert outputs["train"]["checkpoint_store"] == store
+    assert outputs["train"]["checkpoint"] == evaluated["checkpoint"]
     assert evaluated["checkpoint_store"] == store
     assert (
         evaluated["checkpoint"]
@@ -193,9 +214,13 @@ def test_filled_in_values_keep_their_types_and_find_their_place() -> None:
         parse_assignment("args/n=7")
 
 
-def test_every_container_runs_the_executor(tmp_path: Path) -> None:
+def test_every_container_runs_the_executor_or_the_gang_driver(tmp_path: Path) -> None:
     workflow, _ = compiled(tmp_path)
-    for template in templates(workflow).values():
+    steps = {name: t for name, t in templates(workflow).items() if "container" in t}
+    driver = steps.pop("train")
+    assert driver["container"]["command"] == ["python", "-m", "tideflow.gangs.driver"]
+    assert driver["container"]["args"][0] == "gang_training"
+    for template in steps.values():
         if "container" in template:
             assert template["container"]["command"] == ["python", "-m", "tideflow.steps.standalone"]
             assert template["container"]["args"][0] in (

@@ -19,7 +19,8 @@ What it reproduces
     Deployment scale subresource, the status subresource for controllers;
     graceful deletion of running pods (pods.py: Terminating, with the
     DisruptionTarget condition when evicted, until the test finishes them);
-  * admission (admission.py): CRD schemas with structural defaults and
+  * admission (admission.py): every object's name and labels by the API
+    server's ObjectMeta rules (object_meta.py); CRD schemas with structural defaults and
     x-kubernetes-validations CEL rules, core kinds with kubernetes-validate,
     strictly (schemas.py); NamespaceLifecycle, Priority and
     ValidatingAdmissionPolicies from deploy/ (core_admission.py); Volcano's Job
@@ -34,11 +35,12 @@ What it reproduces
   * controllers, moved by the test, never by themselves (no background thread
     but the HTTP server's): Volcano's job and queue controllers (volcano.py),
     the JobSet and Job controllers (jobset.py), Kueue's admission by quota
-    (kueue.py), the scheduler and kubelets as far as pod phases go (pods.py),
-    and Argo's resource-step conditions (argo.py).
+    (kueue.py), and the scheduler and kubelets as far as pod phases go (pods.py).
 
 What it does NOT do
-  scheduling or any placement decision, running containers, DNS, networking,
+  Argo (its controller, Workflow objects; a test runs a compiled step's
+  container itself, tests/argo_run.py), scheduling or any placement decision,
+  running containers, DNS, networking,
   resource accounting on nodes, PodGroups and gang scheduling, the disruption
   controller (a test writes a budget's status), Workload objects, preemption
   and fair sharing in Kueue, finalizers (objects other than running pods go at

@@ -3,7 +3,8 @@
 1. NamespaceLifecycle; CRD structural defaulting (applied when the body is decoded);
 2. mutating admission: the Volcano Job mutating webhook, the JobSet and Kueue
    defaulting webhooks, the Priority plugin for pods;
-3. object validation: CRD schema + CEL rules, or the core OpenAPI schema;
+3. object validation: every object's metadata (name, labels), then the CRD schema +
+   CEL rules, or the core OpenAPI schema;
 4. validating admission: ValidatingAdmissionPolicies, then the Volcano Job and Queue,
    JobSet and Kueue validating webhooks.
 
@@ -16,9 +17,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tests.kubefake import core_admission, jobset_webhooks, volcano_queue_webhook, volcano_webhooks
+from tests.kubefake.object_meta import object_meta_problems
 from tests.kubefake.resources import BY_KIND, RequestInfo, Resource
 from tests.kubefake.schemas import validator
-from tests.kubefake.status import webhook_denied
+from tests.kubefake.status import invalid, webhook_denied
 
 if TYPE_CHECKING:
     from tests.kubefake.store import Store
@@ -63,6 +65,10 @@ def validate(
     user: str,
 ) -> None:
     resource = info.resource
+    problems = object_meta_problems(obj)
+    if problems:
+        name = (obj.get("metadata") or {}).get("name", "")
+        raise invalid(resource.kind, resource.group, name, problems)
     validator(resource).check(obj, old)
     if old is not None:
         core_admission.admission_policies(store, info, operation, old=old, new=obj, user=user)

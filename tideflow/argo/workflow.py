@@ -1,6 +1,6 @@
 """A compiled ``WorkflowPlan`` as hera objects, and the WorkflowTemplate file they emit.
 
-Every decision (which steps, their dependencies, pods, manifests, commands)
+Every decision (which steps, their dependencies, pods, commands, identities)
 is in the plan; this module maps it onto hera's classes one to one, so hera
 checks the shapes against Argo's generated model and writes the YAML.
 """
@@ -15,7 +15,6 @@ from hera.workflows import (
     Container,
     CronWorkflow,
     Parameter,
-    Resource,
     RetryStrategy,
     Task,
     WorkflowTemplate,
@@ -33,31 +32,27 @@ SUFFIX = ".workflowtemplate.yaml"
 CRON_SUFFIX = ".cronworkflow.yaml"
 
 
-def _template_fields(step: StepTemplate) -> dict[str, Any]:
-    """What container and resource templates share: identity, inputs, retries, the pod."""
-    pod = step.pod
-    return {
-        "name": step.name,
-        "labels": step.labels,
-        "inputs": [Parameter(name=name) for name in step.arguments] or None,
+def _container(step: StepTemplate) -> Container:
+    pod, spec = step.pod, step.container
+    return Container(
+        name=step.name,
+        labels=step.labels,
+        inputs=[Parameter(name=name) for name in step.arguments] or None,
         # Airflow retries a task whatever failed it; "Always" retries errors too.
-        "retry_strategy": (
+        retry_strategy=(
             RetryStrategy(limit=step.retries, retry_policy="Always") if step.retries else None
         ),
-        "active_deadline_seconds": step.timeout_seconds,
-        "node_selector": pod.get("nodeSelector"),
-        "affinity": m.Affinity.model_validate(pod["affinity"]) if "affinity" in pod else None,
-        "tolerations": [m.Toleration.model_validate(t) for t in pod.get("tolerations", [])] or None,
-        "priority_class_name": pod.get("priorityClassName"),
-        "pod_security_context": m.PodSecurityContext.model_validate(pod["securityContext"]),
-    }
-
-
-def _container(step: StepTemplate) -> Container:
-    spec = step.container
-    assert spec is not None
-    return Container(
-        **_template_fields(step),
+        # Argo sets it on the step's pod: when it passes, the kubelet stops the pod
+        # (SIGTERM, then SIGKILL after the grace period).
+        active_deadline_seconds=step.timeout_seconds,
+        node_selector=pod.get("nodeSelector"),
+        affinity=m.Affinity.model_validate(pod["affinity"]) if "affinity" in pod else None,
+        tolerations=[m.Toleration.model_validate(t) for t in pod.get("tolerations", [])] or None,
+        priority_class_name=pod.get("priorityClassName"),
+        pod_security_context=m.PodSecurityContext.model_validate(pod["securityContext"]),
+        service_account_name=step.service_account,
+        # The one step that calls the API server gets its own account's token.
+        automount_service_account_token=True if step.service_account else None,
         image=spec["image"],
         command=spec["command"],
         args=spec["args"],
@@ -71,18 +66,6 @@ def _container(step: StepTemplate) -> Container:
             for name in step.outputs
         ]
         or None,
-    )
-
-
-def _resource(step: StepTemplate) -> Resource:
-    return Resource(
-        **_template_fields(step),
-        action="create",
-        # The workflow owns the gang: deleting the workflow deletes its Volcano Job.
-        set_owner_reference=True,
-        manifest=step.manifest,
-        success_condition=step.success_condition,
-        failure_condition=step.failure_condition,
     )
 
 
@@ -101,7 +84,7 @@ def workflow_template(plan: WorkflowPlan) -> WorkflowTemplate:
     )
     templates: list[Any] = [dag]
     for step in plan.steps:
-        templates.append(_resource(step) if step.manifest is not None else _container(step))
+        templates.append(_container(step))
     if plan.on_exit is not None:
         templates.append(_container(plan.on_exit))
     executor = plan.executor_service_account

@@ -27,41 +27,22 @@ codes: 0 the gang succeeded, 1 it failed, 2 bad arguments, 143 stopped.
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
-from tideflow.kube.volcano import KubeSettings
+from tideflow.steps.standalone import GANG_OUTPUTS
 
 POLL_S = 5.0
-OUTPUTS = ("checkpoint_store", "checkpoint", "checkpoint_step")
 EXIT_STOPPED = 143
 
 
 class StoppedError(Exception):
     """The step was told to stop (SIGTERM); the gang has been deleted."""
-
-
-def settings_to_json(settings: KubeSettings) -> str:
-    return json.dumps(asdict(settings), sort_keys=True, separators=(",", ":"))
-
-
-def settings_from_json(text: str) -> KubeSettings:
-    data = json.loads(text)
-    known = {f.name for f in fields(KubeSettings)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"--kube-settings has unknown fields: {', '.join(unknown)}")
-    for key, value in data.items():  # JSON has no tuples; the settings' pairs are tuples
-        if isinstance(value, list):
-            data[key] = tuple(tuple(item) if isinstance(item, list) else item for item in value)
-    return KubeSettings(**data)
 
 
 def drive(
@@ -112,16 +93,16 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
     from kubernetes import client
 
     from tideflow.backends.kubernetes import KubernetesBackend
-    from tideflow.config import Settings
     from tideflow.gangs.resolved import resolve_gang
     from tideflow.kube.client import connect
+    from tideflow.kube.settings import settings_from_json
     from tideflow.steps.standalone import (
         BAD_ARGUMENTS,
         build_parser,
         read_step,
         write_outputs,
     )
-    from tideflow.storage.roots import StoreRootError
+    from tideflow.storage.roots import StoreRootError, declared_roots
 
     parser = build_parser(("gang_training",), "python -m tideflow.gangs.driver")
     parser.add_argument("--kube-settings", required=True, help="KubeSettings as JSON")
@@ -131,15 +112,17 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
     try:
         config, _params = read_step(args)
         settings = settings_from_json(args.kube_settings)
-        platform = Settings.from_env()
         gang = resolve_gang(
             pipeline=args.pipeline,
             team=args.team,
             run_id=args.run_id,
             step=args.step,
             config=config,
-            artifact_root=platform.artifact_root,
-            allowed_roots=platform.checkpoint_roots_for(args.team),
+            artifact_root=settings.artifact_root,
+            allowed_roots=(
+                settings.artifact_root,
+                *declared_roots(settings.checkpoint_roots, args.team),
+            ),
         )
         job = gang.cluster_job(
             {
@@ -178,7 +161,7 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
             file=sys.stderr,
         )
         return 1
-    write_outputs(Path(args.outputs), _outputs(gang.store), OUTPUTS)
+    write_outputs(Path(args.outputs), _outputs(gang.store), GANG_OUTPUTS)
     return 0
 
 

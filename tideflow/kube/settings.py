@@ -7,9 +7,11 @@ refused with the variable's name and what is accepted.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import asdict, fields
 
 from tideflow.kube.volcano import KubeSettings
 
@@ -61,6 +63,7 @@ def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSett
         or env.get("MLFLOW_TRACKING_URI")
         or defaults.mlflow_tracking_uri,
         artifact_root=env.get("TIDEFLOW_ARTIFACT_ROOT", defaults.artifact_root).rstrip("/"),
+        checkpoint_roots=env.get("TIDEFLOW_CHECKPOINT_ROOTS", defaults.checkpoint_roots),
         termination_grace_s=int(grace),
         gang_scheduler=scheduler,
         model_labels=models,
@@ -81,3 +84,21 @@ def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSett
             defaults.argo_gang_driver_service_account,
         ),
     )
+
+
+def settings_to_json(settings: KubeSettings) -> str:
+    """The settings as one argument for a pod that acts on the cluster (the Argo gang driver)."""
+    return json.dumps(asdict(settings), sort_keys=True, separators=(",", ":"))
+
+
+def settings_from_json(text: str) -> KubeSettings:
+    """The inverse of ``settings_to_json``; an unknown field is refused, not dropped."""
+    data = json.loads(text)
+    known = {f.name for f in fields(KubeSettings)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"--kube-settings has unknown fields: {', '.join(unknown)}")
+    for key, value in data.items():  # JSON has no tuples; the settings' pairs are tuples
+        if isinstance(value, list):
+            data[key] = tuple(tuple(item) if isinstance(item, list) else item for item in value)
+    return KubeSettings(**data)

@@ -53,6 +53,9 @@ class KubeSettings:
     store_secret: str = "tideflow-store"  # S3 credentials (or use IRSA: leave it empty)
     mlflow_tracking_uri: str = "http://mlflow.tideflow:5000"
     artifact_root: str = "s3://tideflow/artifacts"
+    # Store roots besides artifact_root that teams' checkpoints may go under, as
+    # TIDEFLOW_CHECKPOINT_ROOTS declares them (tideflow.storage.roots).
+    checkpoint_roots: str = ""
     termination_grace_s: int = 300
     gang_scheduler: str = "volcano"  # or "kueue": a JobSet admitted by Kueue
     # A pipeline names a device model briefly ("H100"); nodes carry the full product
@@ -64,7 +67,7 @@ class KubeSettings:
     master_port: int = 29500
     # ServiceAccounts (deploy/kubernetes/gangs.yaml, argo-rbac.yaml). Gang workers and
     # Argo's step containers never call the Kubernetes API and mount no token; Argo's
-    # executor reports outputs and creates the gang with a token of its own.
+    # executor reports outputs with a token of its own.
     gang_service_account: str = "tideflow-gang"
     argo_service_account: str = "tideflow-argo-workflow"
     argo_executor_service_account: str = "tideflow-argo-executor"

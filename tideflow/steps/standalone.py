@@ -47,6 +47,8 @@ from tideflow.steps.evaluation import (
 KINDS = ("data_prep", "evaluation", "promote_checkpoint", "pipeline_end")
 EVALUATION_OUTPUTS = ("metrics", "device", *CHECKPOINT_KEYS)
 PROMOTION_OUTPUTS = ("decision", "version", "alias", "previous", "reason", "model_uri")
+# The Argo gang step's (tideflow.gangs.driver): where the gang kept its checkpoints, its newest.
+GANG_OUTPUTS = ("checkpoint_store", "checkpoint", "checkpoint_step")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 

@@ -7,23 +7,24 @@ One DAG template runs one task per step, with the Airflow DAG's dependencies
   standalone executor (``python -m tideflow.steps.standalone``) in the platform
   image. It calls the step's entry point as the operators do and writes each
   output to a file under ``OUTPUTS_DIR``, which Argo reads as an output parameter.
-* gang_training: a ``resource`` template that creates the step's Volcano Job
-  (owned by the workflow, so deleting the workflow deletes the gang) and waits
-  for Volcano's verdict on the whole gang. Argo substitutes ``{{...}}`` in the
-  manifest text before it creates the object, so the gang's size may be a
-  workflow parameter; integer fields are written unquoted for that reason.
+* gang_training: a container running tideflow's gang driver
+  (``python -m tideflow.gangs.driver``) with the same arguments. It resolves
+  the gang as the operator does, creates its Volcano Job or JobSet (owned by
+  the workflow), follows it to its end, resubmits it when it is preempted, and
+  deletes it when the step is stopped (its deadline, ``argo stop``). Its
+  outputs say where the checkpoints are.
 
 Every pod of the workflow runs as ``argo_service_account`` with no API token
-mounted; Argo's own executor containers (they report outputs and create the
-gang) get the token of ``argo_executor_service_account``. Steps that report to
-MLflow carry the label its NetworkPolicy admits; the resource step does not.
+mounted; Argo's own executor containers (they report outputs) get the token of
+``argo_executor_service_account``, and the gang driver alone that of
+``argo_gang_driver_service_account``. Steps that report to MLflow carry the
+label its NetworkPolicy admits; the driver does not.
 
 Templates in the pipeline become Argo's (``tideflow.compile.templates``): a
 param is a workflow parameter; an upstream output is an input parameter that
-the DAG task fills from that task's output parameter. The gang's checkpoint
-store is derived from the workflow's name and the step, so evaluation and
-promotion find the newest committed checkpoint there; nothing has to come out
-of the Volcano Job.
+the DAG task fills from that task's output parameter. Evaluation and promotion
+read the gang's checkpoint store from the gang step's output, so the store has
+one rule (``tideflow.gangs.resolve_gang``), applied where the gang runs.
 
 Known limits, refused or documented rather than compiled wrongly: an
 evaluation runs on one device kind (the first of its preferences the cluster
@@ -36,20 +37,17 @@ The modules, one concern each:
 * ``plan``: the result, as data (``WorkflowPlan``, ``StepTemplate``, ``WorkflowParam``);
 * ``compiler``: ``compile_workflow``, which runs one builder per step kind;
 * ``context``: what the builders share: the pipeline, its tasks, the problems found;
-* ``templating``: the pipeline's ``{{ ... }}`` templates in Argo's syntax, and where a
-  gang's checkpoints are;
+* ``templating``: the pipeline's ``{{ ... }}`` templates in Argo's syntax;
 * ``parameters``: workflow parameters, their names, text and types;
 * ``container``: the standalone executor's container, shared by the container steps;
 * ``data_prep_step``, ``evaluation_step``, ``promotion_step``, ``gang_step``,
   ``exit_step``: one builder per kind of template;
-* ``manifest``: a resource template's YAML; ``schedule``: the CronWorkflow's cron.
+* ``schedule``: the CronWorkflow's cron.
 """
 
 from tideflow.kube.argo.compiler import compile_workflow
 from tideflow.kube.argo.plan import (
-    FAILURE,
     OUTPUTS_DIR,
-    SUCCESS,
     WORKFLOW_NAME,
     StepTemplate,
     WorkflowParam,
@@ -57,9 +55,7 @@ from tideflow.kube.argo.plan import (
 )
 
 __all__ = [
-    "FAILURE",
     "OUTPUTS_DIR",
-    "SUCCESS",
     "WORKFLOW_NAME",
     "StepTemplate",
     "WorkflowParam",

@@ -72,12 +72,16 @@ def container_step(
     requests: dict[str, str],
     limits: dict[str, str],
     outputs: tuple[str, ...],
+    command: Sequence[str] = EXECUTOR,
+    service_account: str | None = None,
+    reports_to_mlflow: bool = True,
 ) -> StepTemplate:
-    """The executor's container, placed on ``where`` (a device or pool class) and restricted."""
+    """The executor's container (or ``command``'s), placed on ``where`` (a device or pool
+    class) and restricted; with a token of ``service_account`` only where one is named."""
     place = placement(where, ctx.settings)
     container: dict[str, Any] = {
         "image": ctx.settings.image,
-        "command": list(EXECUTOR),
+        "command": list(command),
         "args": args,
         "env": [
             *store_env(ctx.settings),
@@ -99,8 +103,9 @@ def container_step(
         outputs=outputs,
         retries=task.retries,
         timeout_seconds=task.timeout_seconds,
-        # The step reports to MLflow: its NetworkPolicy admits pods so labelled.
-        labels={**ctx.labels(task), **MLFLOW_CLIENT_LABELS},
+        # A step that reports to MLflow is labelled so: MLflow's NetworkPolicy admits those.
+        labels={**ctx.labels(task), **(MLFLOW_CLIENT_LABELS if reports_to_mlflow else {})},
         pod=place.apply({"securityContext": restricted_pod()}),
         container=container,
+        service_account=service_account,
     )

@@ -14,7 +14,7 @@ from tideflow.kube.volcano import KubeSettings
 from tideflow.spec.errors import SpecIssue
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.yamlpos import Path, Positions, format_path
-from tideflow.steps.standalone import EVALUATION_OUTPUTS, PROMOTION_OUTPUTS
+from tideflow.steps.standalone import EVALUATION_OUTPUTS, GANG_OUTPUTS, PROMOTION_OUTPUTS
 
 
 class CompileContext:
@@ -50,7 +50,7 @@ class CompileContext:
         return found
 
     def outputs_of(self, task: TaskPlan) -> tuple[str, ...]:
-        """The step's output parameters on Argo (a gang step has none)."""
+        """The step's output parameters on Argo."""
         if task.kind == "data_prep":
             return tuple(task.config["outputs"])
         if task.kind == "evaluation":
@@ -58,6 +58,8 @@ class CompileContext:
             return tuple(dict.fromkeys((*EVALUATION_OUTPUTS, *metrics)))
         if task.kind == "promote_checkpoint":
             return PROMOTION_OUTPUTS
+        if task.kind == "gang_training":
+            return GANG_OUTPUTS
         return ()
 
     def index_of(self, name: str) -> int:

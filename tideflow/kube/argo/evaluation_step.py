@@ -11,7 +11,7 @@ from tideflow.compile.dag_plan import TaskPlan
 from tideflow.kube.argo.container import STEP_CPU, STEP_MEMORY, container_step, executor_args
 from tideflow.kube.argo.context import CompileContext
 from tideflow.kube.argo.plan import StepTemplate
-from tideflow.kube.argo.templating import checkpoint_store_of, step_env
+from tideflow.kube.argo.templating import output_of, step_env
 from tideflow.kube.pods import evaluation_device, placement
 from tideflow.spec.yamlpos import Path
 
@@ -25,10 +25,7 @@ def evaluation_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemp
     extra = ["--device", where]
     gang = task.sources.get("checkpoint")
     if gang is not None:
-        extra += [
-            "--checkpoint-store",
-            checkpoint_store_of(ctx, ctx.tasks[gang], ctx.index_of(gang)),
-        ]
+        extra += ["--checkpoint-store", output_of(gang, "checkpoint_store", inputs)]
     doc = {k: config[k] for k in ("entrypoint", "args", "metrics")}
     args = executor_args(ctx, task, doc, base, inputs, extra=extra)
     env = {

@@ -1,29 +1,41 @@
-"""A gang_training step: a ``resource`` template that creates the step's Volcano Job.
+"""A gang_training step: a container running tideflow's gang driver, which owns the gang.
 
-The workflow owns the Job (deleting the workflow deletes the gang) and waits
-for Volcano's verdict on the whole gang (``SUCCESS`` / ``FAILURE``). Argo
-substitutes ``{{...}}`` in the manifest text before it creates the object, so
-the gang's size may be a workflow parameter; integer fields are written
-unquoted for that reason (``ArgoInt``). A gang needs a command entry point, as
-on the Kubernetes backend.
+The driver (``python -m tideflow.gangs.driver``) gets the step as the standalone
+executor does (``--config`` and one ``--set`` per value the workflow fills in,
+so a gang's size may be a workflow parameter), resolves it as the operator does
+and submits it through the Kubernetes backend. So on Argo the gang's object is
+named from its id, capped per target, and exists at most once:
+
+* the step's ``activeDeadlineSeconds`` is the driver pod's (Argo sets it on the
+  pod; argo docs/fields.md, Template.activeDeadlineSeconds), so when it passes,
+  or on ``argo stop``, the driver gets SIGTERM and deletes the gang before it
+  exits; a resource template would have left the Volcano Job running;
+* a retried step is a new driver pod with the same gang id: it follows the gang
+  if it still runs and replaces it if it failed, never starting a second;
+* a preempted gang is submitted again with the restarts it has left.
+
+The driver is the one step container with an API token: its template runs as
+``argo_gang_driver_service_account`` (deploy/kubernetes/argo-rbac.yaml). Its
+outputs (``GANG_OUTPUTS``) tell the steps after it where the checkpoints are.
+A gang needs a command entry point, as on the Kubernetes backend.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from tideflow.checkpoint.policy import checkpoint_env
 from tideflow.compile.dag_plan import TaskPlan
 from tideflow.compile.templates import exact_param
+from tideflow.kube.argo.container import container_step, executor_args
 from tideflow.kube.argo.context import CompileContext
-from tideflow.kube.argo.manifest import ArgoInt, manifest_yaml
-from tideflow.kube.argo.plan import FAILURE, RETRY_NUMBER, SUCCESS, WORKFLOW_NAME, StepTemplate
-from tideflow.kube.argo.templating import checkpoint_store_of, step_env, translate_tree
-from tideflow.kube.names import dns_label
-from tideflow.kube.pods import DEVICE_RESOURCES, placement, restricted_pod
-from tideflow.kube.volcano import GangShape, gang_volcano_job
+from tideflow.kube.argo.plan import WORKFLOW_NAME, WORKFLOW_UID, StepTemplate
+from tideflow.kube.settings import settings_to_json
 from tideflow.spec.yamlpos import Path
+from tideflow.steps.standalone import GANG_OUTPUTS
+
+DRIVER = ("python", "-m", "tideflow.gangs.driver")
+# The driver only talks to the API server and reads one checkpoint manifest.
+DRIVER_CPU, DRIVER_MEMORY = "100m", "512Mi"
 
 
 @dataclass(frozen=True)
@@ -62,106 +74,31 @@ def gang_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemplate |
             "a command as a list, such as [python, -m, my.train, --lr, '{{ params.lr }}']",
         )
         return None
+    for size in ("workers", "devices_per_worker", "max_restarts"):
+        sized(ctx, config[size], (*base, size))
     inputs: dict[str, str] = {}
-    command = [
-        str(translate_tree(ctx, part, (*base, "entrypoint", i), task, inputs))
-        for i, part in enumerate(entrypoint)
+    extra = [
+        "--kube-settings",
+        settings_to_json(ctx.settings),
+        # The workflow owns the gang: deleting the workflow deletes it, even after
+        # a driver that was killed without its grace.
+        "--owner-name",
+        WORKFLOW_NAME,
+        "--owner-uid",
+        WORKFLOW_UID,
     ]
-    workers = sized(ctx, config["workers"], (*base, "workers"))
-    per_worker = sized(ctx, config["devices_per_worker"], (*base, "devices_per_worker"))
-    restarts = sized(ctx, config["max_restarts"], (*base, "max_restarts"))
-    checkpoint = translate_tree(ctx, config["checkpoint"], (*base, "checkpoint"), task, inputs)
-    gang_id = f"{ctx.plan.dag_id}/{WORKFLOW_NAME}/{task.task_id}"
-    env = {
-        **checkpoint_env(checkpoint, checkpoint_store_of(ctx, task, index)),
-        "TIDEFLOW_GANG_ID": gang_id,
-        "MLFLOW_TRACKING_URI": ctx.settings.mlflow_tracking_uri,
-        # No operator makes this step's MLflow run: rank 0 finds or makes it
-        # under the workflow's pipeline run (tideflow.runtime.metrics).
-        "TIDEFLOW_PIPELINE": ctx.plan.dag_id,
-        "TIDEFLOW_TEAM": ctx.plan.team,
-        "TIDEFLOW_RUN_ID": WORKFLOW_NAME,
-        "TIDEFLOW_STEP": task.task_id,
-        **step_env(ctx, task, base, inputs),
-    }
-    # One Volcano Job per attempt: a retry creates a fresh one, which resumes
-    # from the checkpoints the earlier attempt committed to the same store.
-    gang_name = f"{WORKFLOW_NAME}-{task.task_id}"
-    name = f"{gang_name}-{RETRY_NUMBER}" if task.retries else gang_name
-    device = config["device"]
-    shape = GangShape(
-        name=name,
-        labels={
-            "tideflow.io/pipeline": dns_label(ctx.plan.dag_id),
-            "tideflow.io/step": dns_label(task.task_id),
-            "tideflow.io/run": WORKFLOW_NAME,
-        },
-        command=command,
-        env=env,
-        workers=workers.default,
-        device_class=device["class"],
-        devices_per_worker=per_worker.default,
-        model=device.get("model"),
-        team=ctx.plan.team,
-        priority=int(config.get("priority", 0)),
-        max_restarts=restarts.default,
+    args = executor_args(ctx, task, dict(config), base, inputs, extra=extra)
+    return container_step(
+        ctx,
+        task,
+        inputs,
+        args,
+        where="cpu",
+        env={},
+        requests={"cpu": DRIVER_CPU, "memory": DRIVER_MEMORY},
+        limits={"memory": DRIVER_MEMORY},
+        outputs=GANG_OUTPUTS,
+        command=DRIVER,
+        service_account=ctx.settings.argo_gang_driver_service_account,
+        reports_to_mlflow=False,  # its gang's workers do; the driver never calls MLflow
     )
-    job = gang_volcano_job(shape, gang_id, ctx.settings)
-    fill_in(
-        job,
-        gang_name=gang_name,
-        device_class=shape.device_class,
-        workers=workers,
-        per_worker=per_worker,
-        restarts=restarts,
-    )
-    # The resource template's own pod only creates the Job and watches it.
-    resource_pod = placement("cpu", ctx.settings).apply({"securityContext": restricted_pod()})
-    return StepTemplate(
-        name=task.task_id,
-        kind=task.kind,
-        dependencies=task.upstream,
-        arguments=dict(sorted(inputs.items())),
-        outputs=(),
-        retries=task.retries,
-        timeout_seconds=task.timeout_seconds,
-        # No MLflow client label: this pod never talks to MLflow, so MLflow's policy keeps it out.
-        labels=ctx.labels(task),
-        pod=resource_pod,
-        manifest=manifest_yaml(job),
-        success_condition=SUCCESS,
-        failure_condition=FAILURE,
-    )
-
-
-def fill_in(
-    job: dict[str, Any],
-    *,
-    gang_name: str,
-    device_class: str,
-    workers: Sized,
-    per_worker: Sized,
-    restarts: Sized,
-) -> None:
-    """What only the workflow run knows: its gang label, and sizes set by parameters."""
-    spec = job["spec"]
-    (worker,) = spec["tasks"]
-    # The broker groups pods into gangs by this label: one value per workflow run.
-    for labels in (job["metadata"]["labels"], worker["template"]["metadata"]["labels"]):
-        labels["tideflow.io/gang"] = gang_name
-    pod = worker["template"]["spec"]
-    (container,) = pod["containers"]
-    if workers.expression:
-        spec["minAvailable"] = ArgoInt(workers.expression)
-        worker["replicas"] = ArgoInt(workers.expression)
-        for variable in container["env"]:
-            if variable["name"] == "WORLD_SIZE":
-                variable["value"] = workers.expression
-    if restarts.expression:  # maxRetry is one more than the restarts (volcano_max_retry)
-        parameter = restarts.expression.removeprefix("{{").removesuffix("}}")
-        spec["maxRetry"] = ArgoInt(f"{{{{=asInt({parameter}) + 1}}}}")
-    if per_worker.expression:
-        resource = DEVICE_RESOURCES.get(device_class, "cpu")
-        for section in container["resources"].values():
-            if resource in section:
-                section[resource] = per_worker.expression

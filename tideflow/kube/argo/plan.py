@@ -12,10 +12,8 @@ from typing import Any
 # Each container step writes its outputs here; Argo reads each file as an output parameter.
 OUTPUTS_DIR = "/tmp/tideflow/outputs"
 WORKFLOW_NAME = "{{workflow.name}}"
+WORKFLOW_UID = "{{workflow.uid}}"
 RETRY_NUMBER = "{{retries}}"
-# Volcano's verdict on the whole gang, as the resource template waits for it.
-SUCCESS = "status.state.phase == Completed"
-FAILURE = "status.state.phase in (Failed,Terminated,Aborted)"
 
 
 @dataclass(frozen=True)
@@ -39,10 +37,10 @@ class StepTemplate:
     timeout_seconds: int | None
     labels: dict[str, str]
     pod: dict[str, Any]  # securityContext, nodeSelector, affinity, tolerations, priorityClassName
-    container: dict[str, Any] | None = None
-    manifest: str | None = None
-    success_condition: str | None = None
-    failure_condition: str | None = None
+    container: dict[str, Any]
+    # The one step that calls the Kubernetes API (the gang driver) runs as this
+    # ServiceAccount with its token mounted; every other step has none.
+    service_account: str | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ class WorkflowPlan:
     on_exit: StepTemplate | None = None  # runs once the DAG has ended, however it ended
     schedule: str | None = None  # a CronWorkflow submits the template on it (Argo's cron form)
     # Every pod runs as service_account with no token mounted; Argo mounts the
-    # executor's token into its own containers only (they report outputs and create
-    # the gang), so the steps' containers get no API access.
+    # executor's token into its own containers only (they report outputs), so the
+    # steps' containers get no API access, except a step with a service_account.
     service_account: str = "default"
     executor_service_account: str | None = None

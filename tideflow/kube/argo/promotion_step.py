@@ -6,7 +6,7 @@ from tideflow.compile.dag_plan import TaskPlan
 from tideflow.kube.argo.container import STEP_CPU, STEP_MEMORY, container_step, executor_args
 from tideflow.kube.argo.context import CompileContext
 from tideflow.kube.argo.plan import StepTemplate
-from tideflow.kube.argo.templating import checkpoint_store_of
+from tideflow.kube.argo.templating import output_of
 from tideflow.spec.yamlpos import Path
 from tideflow.steps.standalone import PROMOTION_OUTPUTS
 
@@ -24,22 +24,18 @@ def promotion_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTempl
             "and an evaluation step",
         )
         return None
-    inputs = {
-        f"{scored}_metrics": f"{{{{tasks.{scored}.outputs.parameters.metrics}}}}",
-    }
+    inputs: dict[str, str] = {}
     extra = [
         "--checkpoint-store",
-        checkpoint_store_of(ctx, ctx.tasks[gang], ctx.index_of(gang)),
+        output_of(gang, "checkpoint_store", inputs),
         "--training-step",
         gang,
         "--metrics",
-        f"{{{{inputs.parameters.{scored}_metrics}}}}",
+        output_of(scored, "metrics", inputs),
     ]
     if ctx.tasks[scored].sources.get("checkpoint") == gang:
         # Promote exactly the checkpoint that was evaluated.
-        name = f"{scored}_checkpoint_step"
-        inputs[name] = f"{{{{tasks.{scored}.outputs.parameters.checkpoint_step}}}}"
-        extra += ["--checkpoint-step", f"{{{{inputs.parameters.{name}}}}}"]
+        extra += ["--checkpoint-step", output_of(scored, "checkpoint_step", inputs)]
     doc = {k: config[k] for k in ("model", "alias", "gate", "builder", "args")}
     args = executor_args(ctx, task, doc, base, inputs, extra=extra)
     return container_step(

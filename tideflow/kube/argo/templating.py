@@ -3,9 +3,8 @@
 A param becomes a workflow parameter. An upstream output becomes an input
 parameter of the step, which its DAG task fills from that task's output
 parameter; Argo passes outputs along dependencies only, so a step may read
-only the steps it needs. A gang step has no outputs on Argo: its checkpoint
-store is derived from the workflow's name and the step, so the steps after it
-find the newest committed checkpoint there.
+only the steps it needs. A gang step's outputs are its driver's: where the
+gang kept its checkpoints, and the newest one when it ended.
 
 A template with no Argo form is recorded as a problem on the context, and the
 text is left as it was so that compiling goes on and finds the others.
@@ -28,10 +27,7 @@ from tideflow.compile.templates import (
 )
 from tideflow.kube.argo.context import CompileContext
 from tideflow.kube.argo.parameters import value_type
-from tideflow.kube.argo.plan import WORKFLOW_NAME
-from tideflow.kube.volcano import KubeSettings
 from tideflow.spec.yamlpos import Path
-from tideflow.storage import safe_segment
 
 
 class _RefusedError(Exception):
@@ -43,34 +39,11 @@ class _RefusedError(Exception):
         self.accepted = accepted
 
 
-def default_checkpoint_store(settings: KubeSettings, pipeline: str, step: str) -> str:
-    """A gang's default checkpoint store in a workflow run: PIPELINE/WORKFLOW/STEP/checkpoints.
-
-    The same layout as a step's artifacts (``StepContext.run_prefix``) with the
-    workflow's name as the run id, so a retried gang resumes from its own
-    checkpoints and evaluation finds them again.
-    """
-    return (
-        f"{settings.artifact_root}/{safe_segment(pipeline)}/{WORKFLOW_NAME}/"
-        f"{safe_segment(step)}/checkpoints"
-    )
-
-
-def checkpoint_store_of(ctx: CompileContext, gang: TaskPlan, index: int) -> str:
-    """The gang's checkpoint store as Argo text: the configured one, or the default."""
-    configured = (gang.config.get("checkpoint") or {}).get("store")
-    if not configured:
-        return default_checkpoint_store(ctx.settings, ctx.plan.dag_id, gang.task_id)
-    path: Path = ("steps", index, "gang_training", "checkpoint", "store")
-    inputs: dict[str, str] = {}
-    translated = translate(ctx, configured, path, gang, inputs)
-    if inputs:  # other steps' pods compute this URI too, and they have no such input
-        ctx.issue(
-            path,
-            "a checkpoint store that reads another step's output",
-            "a fixed URI, or one made of '{{ params.NAME }}' templates",
-        )
-    return translated or configured
+def output_of(step: str, output: str, inputs: dict[str, str]) -> str:
+    """An upstream step's output as this step's input parameter (added to ``inputs``)."""
+    name = f"{step}_{output}"  # step names have no '_', so this never collides
+    inputs[name] = f"{{{{tasks.{step}.outputs.parameters.{output}}}}}"
+    return f"{{{{inputs.parameters.{name}}}}}"
 
 
 def reference(ctx: CompileContext, ref: Reference, task: TaskPlan, inputs: dict[str, str]) -> str:
@@ -87,24 +60,13 @@ def reference(ctx: CompileContext, ref: Reference, task: TaskPlan, inputs: dict[
             f"a step that '{task.task_id}' needs, directly or through others "
             f"({', '.join(upstream) or 'none'}); Argo passes outputs along dependencies only",
         )
-    if source.kind == "gang_training":
-        if ref.output == "checkpoint_store":
-            return checkpoint_store_of(ctx, source, ctx.index_of(source.task_id))
-        raise _RefusedError(
-            f"reads '{ref.output}' of gang step '{ref.step}', which is known only after "
-            "the gang ends and is not an output on Argo",
-            "'checkpoint_store'; evaluation and promote_checkpoint steps find the "
-            "newest committed checkpoint there themselves",
-        )
     outputs = ctx.outputs_of(source)
     if ref.output not in outputs:
         raise _RefusedError(
             f"step '{ref.step}' has no output '{ref.output}'",
             f"one of its outputs: {', '.join(outputs) or 'none'}",
         )
-    name = f"{ref.step}_{ref.output}"  # step names have no '_', so this never collides
-    inputs[name] = f"{{{{tasks.{ref.step}.outputs.parameters.{ref.output}}}}}"
-    return f"{{{{inputs.parameters.{name}}}}}"
+    return output_of(ref.step, ref.output, inputs)
 
 
 def translate(
