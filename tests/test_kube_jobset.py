@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from tests.kubefake import DEPLOY, KubeFake, service_account
-from tests.test_kube_volcano import RUN_ID, rendered_plan
+from tests.test_kube_volcano import digits_gang_object
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend, gang_kind
-from tideflow.kube import KubeSettings, jobset
+from tideflow.kube import KubeSettings
 
 GOLDEN = Path(__file__).with_name("golden") / "digits-train.jobset.yaml"
 KUEUE = KubeSettings(gang_scheduler="kueue")
@@ -44,9 +44,7 @@ JOBSET_SPEC_FIELDS = {
 
 
 def digits_jobset(repo: Path, **params: Any) -> dict[str, Any]:
-    plan = rendered_plan(repo, **params)
-    (train,) = [t for t in plan.tasks if t.kind == "gang_training"]
-    return jobset(plan, train, run_id=RUN_ID, settings=KUEUE)
+    return digits_gang_object(repo, KUEUE, **params)
 
 
 def replicated_job(obj: dict[str, Any]) -> dict[str, Any]:

@@ -14,8 +14,10 @@ import pytest
 import yaml
 
 from tests.kubefake.schemas import SCHEMAS, crd_schema, validate
+from tideflow.backends.kubernetes import gang_object
 from tideflow.compile.dag_plan import DagPlan, compile_dag_plan
-from tideflow.kube import KubeSettings, dns_label, volcano_job
+from tideflow.gangs import resolve_gang
+from tideflow.kube import KubeSettings, dns_label
 from tideflow.spec import load_pipeline
 
 GOLDEN = Path(__file__).with_name("golden") / "digits-train.volcano.yaml"
@@ -48,10 +50,25 @@ def rendered_plan(repo: Path, **params: Any) -> DagPlan:
     return type(plan)(**{**plan.__dict__, "tasks": tasks})
 
 
-def job(repo: Path, **params: Any) -> dict[str, Any]:
+def digits_gang_object(repo: Path, settings: KubeSettings, **params: Any) -> dict[str, Any]:
+    """The object the operator submits for digits' gang step in run RUN_ID: the step
+    resolved as at run time (``resolve_gang``), built by the Kubernetes backend."""
     plan = rendered_plan(repo, **params)
     (train,) = [t for t in plan.tasks if t.kind == "gang_training"]
-    return volcano_job(plan, train, run_id=RUN_ID, settings=KubeSettings())
+    gang = resolve_gang(
+        pipeline=plan.dag_id,
+        team=plan.team,
+        run_id=RUN_ID,
+        step=train.task_id,
+        config=train.config,
+        artifact_root=settings.artifact_root,
+        allowed_roots=(settings.artifact_root,),
+    )
+    return gang_object(gang.cluster_job(), settings)
+
+
+def job(repo: Path, **params: Any) -> dict[str, Any]:
+    return digits_gang_object(repo, KubeSettings(), **params)
 
 
 def test_digits_gang_is_all_or_nothing_with_gang_restarts(repo: Path) -> None:

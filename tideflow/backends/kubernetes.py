@@ -110,6 +110,28 @@ GANG_KINDS = {
 }
 
 
+def gang_object(job: GangJob, settings: KubeSettings, *, restarts_used: int = 0) -> dict[str, Any]:
+    """The Volcano Job or JobSet (by ``settings.gang_scheduler``) that runs ``job``."""
+    per_worker = max((len(s.devices) for s in job.slots), default=1) or 1
+    shape = GangShape(
+        name=gang_object_name(job.gang_id, settings.gang_scheduler),
+        labels=dict(job.labels),
+        command=list(job.command),
+        env=dict(job.env),
+        workers=job.workers,
+        device_class=job.device_class,
+        devices_per_worker=per_worker,
+        model=job.model,
+        team=job.team,
+        priority=job.priority,
+        max_restarts=job.max_restarts,
+    )
+    kind = gang_kind(settings.gang_scheduler)
+    if restarts_used:
+        return kind.build(shape, job.gang_id, settings, restarts_used=restarts_used)
+    return kind.build(shape, job.gang_id, settings)
+
+
 def gang_kind(scheduler: str) -> GangKind:
     if scheduler not in GANG_KINDS:
         raise ValueError(
@@ -135,24 +157,7 @@ class KubernetesBackend:
         return gang_object_name(gang_id, self.settings.gang_scheduler)
 
     def manifest(self, job: GangJob, *, restarts_used: int = 0) -> dict[str, Any]:
-        per_worker = max((len(s.devices) for s in job.slots), default=1) or 1
-        shape = GangShape(
-            name=self.job_name(job.gang_id),
-            labels={},
-            command=list(job.command),
-            env=dict(job.env),
-            workers=job.workers,
-            device_class=job.device_class,
-            devices_per_worker=per_worker,
-            model=job.model,
-            team=job.team,
-            priority=job.priority,
-            max_restarts=job.max_restarts,
-        )
-        if restarts_used:
-            built = self.kind.build(shape, job.gang_id, self.settings, restarts_used=restarts_used)
-        else:
-            built = self.kind.build(shape, job.gang_id, self.settings)
+        built = gang_object(job, self.settings, restarts_used=restarts_used)
         if self.owner is not None:
             owner = self.api_client.sanitize_for_serialization(self.owner)
             built["metadata"]["ownerReferences"] = [owner]

@@ -53,6 +53,8 @@ class GangJob:
     team: str = "default"
     model: str | None = None
     priority: int = 0
+    # Labels for the cluster object and its pods besides its gang and team (pipeline, step, run).
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def workers(self) -> int:

@@ -126,7 +126,6 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
         )
         job = gang.cluster_job(
             {
-                "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
                 # No operator makes this step's MLflow run: rank 0 finds or makes it
                 # under the workflow's pipeline run (tideflow.runtime.metrics).
                 "TIDEFLOW_PIPELINE": args.pipeline,

@@ -15,6 +15,7 @@ from typing import Any
 
 from tideflow.backends.protocol import GangJob, WorkerSlot
 from tideflow.checkpoint.policy import checkpoint_env
+from tideflow.kube.names import dns_label
 from tideflow.scheduling import GangRequest
 from tideflow.scheduling.model import DeviceClass
 from tideflow.storage import safe_segment
@@ -94,6 +95,11 @@ class ResolvedGang:
             team=self.team,
             model=self.model,
             priority=self.priority,
+            labels={
+                "tideflow.io/pipeline": dns_label(self.pipeline),
+                "tideflow.io/step": dns_label(self.step),
+                "tideflow.io/run": dns_label(self.run_id),
+            },
         )
 
 

@@ -1,7 +1,6 @@
-"""Kubernetes objects tideflow generates (pure functions of a compiled plan)."""
+"""Kubernetes objects tideflow generates: gang objects, pods, names (pure functions)."""
 
-from tideflow.kube.jobset import jobset
 from tideflow.kube.names import dns_label
-from tideflow.kube.volcano import KubeSettings, volcano_job
+from tideflow.kube.volcano import KubeSettings
 
-__all__ = ["KubeSettings", "dns_label", "jobset", "volcano_job"]
+__all__ = ["KubeSettings", "dns_label"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tideflow.compile.dag_plan import DagPlan, TaskPlan
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import MLFLOW_CLIENT_LABELS
 from tideflow.kube.volcano import (
@@ -33,17 +32,10 @@ from tideflow.kube.volcano import (
     KubeSettings,
     gang_labels,
     gang_pod_spec,
-    gang_shape,
 )
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 REPLICATED_JOB = "worker"
-
-
-def jobset(plan: DagPlan, task: TaskPlan, *, run_id: str, settings: KubeSettings) -> dict[str, Any]:
-    """The JobSet of a compiled, rendered gang step of one DAG run."""
-    shape, gang_id = gang_shape(plan, task, run_id=run_id, settings=settings)
-    return gang_jobset(shape, gang_id, settings)
 
 
 def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[str, Any]:

@@ -25,17 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tideflow.compile.dag_plan import DagPlan, TaskPlan
-from tideflow.kube.names import dns_label, gang_object_name
+from tideflow.kube.names import dns_label
 from tideflow.kube.pods import (
     DEVICE_RESOURCES,
     MLFLOW_CLIENT_LABELS,
     RUN_AS_USER,
     placement,
     restricted,
+    store_env,
 )
-from tideflow.storage import safe_segment
-from tideflow.storage.roots import gang_store
 
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
 EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
@@ -90,7 +88,8 @@ class KubeSettings:
 
 @dataclass(frozen=True)
 class GangShape:
-    """What a Volcano Job needs to know about a gang, wherever it was described."""
+    """What a gang object (Volcano Job or JobSet) needs to know about a gang: the
+    backend's projection of a ``GangJob`` (``tideflow.backends.kubernetes``)."""
 
     name: str
     labels: dict[str, str]
@@ -103,66 +102,6 @@ class GangShape:
     team: str
     priority: int
     max_restarts: int
-
-
-def gang_shape(
-    plan: DagPlan, task: TaskPlan, *, run_id: str, settings: KubeSettings
-) -> tuple[GangShape, str]:
-    """The shape and gang id of a compiled, rendered gang step of one DAG run."""
-    if task.kind != "gang_training":
-        raise ValueError(f"step {task.task_id!r} is {task.kind}, not gang_training")
-    config = task.config
-    workers = config["workers"]
-    if not isinstance(workers, int):
-        raise ValueError(
-            f"step {task.task_id!r}: workers is {workers!r}; a gang object needs a number "
-            "(render the run's params first)"
-        )
-    entrypoint = config["entrypoint"]
-    if not isinstance(entrypoint, list):
-        raise ValueError(
-            f"step {task.task_id!r}: entry point {entrypoint!r} is module:function; on "
-            "Kubernetes a gang step needs a command entry point (a list) for now"
-        )
-    gang_id = f"{plan.dag_id}/{run_id}/{task.task_id}"
-    # The same name and store as the operator gives the gang at run time.
-    run_prefix = "/".join(safe_segment(part) for part in (plan.dag_id, run_id, task.task_id))
-    store = gang_store(
-        (config.get("checkpoint") or {}).get("store"), settings.artifact_root, run_prefix
-    )
-    env = {
-        "TIDEFLOW_CHECKPOINT_URI": store,
-        "TIDEFLOW_GANG_ID": gang_id,
-        "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
-        **{k: str(v) for k, v in sorted((config.get("env") or {}).items())},
-    }
-    labels = {
-        "tideflow.io/pipeline": dns_label(plan.dag_id),
-        "tideflow.io/step": dns_label(task.task_id),
-        "tideflow.io/run": dns_label(run_id),
-    }
-    shape = GangShape(
-        name=gang_object_name(gang_id, settings.gang_scheduler),
-        labels=labels,
-        command=[str(part) for part in entrypoint],
-        env=env,
-        workers=workers,
-        device_class=config["device"]["class"],
-        devices_per_worker=int(config["devices_per_worker"]),
-        model=config["device"].get("model"),
-        team=plan.team,
-        priority=int(config.get("priority", 0)),
-        max_restarts=int(config.get("max_restarts", 0)),
-    )
-    return shape, gang_id
-
-
-def volcano_job(
-    plan: DagPlan, task: TaskPlan, *, run_id: str, settings: KubeSettings
-) -> dict[str, Any]:
-    """The Volcano Job of a compiled, rendered gang step of one DAG run."""
-    shape, gang_id = gang_shape(plan, task, run_id=run_id, settings=settings)
-    return gang_volcano_job(shape, gang_id, settings)
 
 
 def gang_labels(shape: GangShape, gang_id: str) -> dict[str, str]:
@@ -188,6 +127,8 @@ def gang_pod_spec(shape: GangShape, settings: KubeSettings, *, master_addr: str)
         {"name": "MASTER_ADDR", "value": master_addr},
         {"name": "MASTER_PORT", "value": str(settings.master_port)},
         {"name": "TIDEFLOW_DEVICE_CLASS", "value": shape.device_class},
+        # Where rank 0 reports and artifacts go, unless the step's env says otherwise.
+        *(variable for variable in store_env(settings) if variable["name"] not in shape.env),
         *({"name": k, "value": v} for k, v in shape.env.items()),
     ]
     container: dict[str, Any] = {
