@@ -249,10 +249,12 @@ def run_exit_handler(
 
 def run_worker(pod: dict[str, Any], env: dict[str, str]) -> int:
     """The worker pod's container, run here as rank 0 of a gang of one; its exit code."""
+    from tests.kubefake.pods import container_environment
+
     (container,) = pod["spec"]["containers"]
-    pod_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    pod_env = container_environment(pod)  # as the kubelet gives it, RANK included
     assert pod_env.get("WORLD_SIZE") == "1", "run the gang with workers=1 here"
-    pod_env |= {"VC_TASK_INDEX": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    pod_env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     done = subprocess.run(
         _python(container["command"]),
         env={**os.environ, **pod_env, **env},

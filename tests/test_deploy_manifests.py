@@ -116,10 +116,13 @@ def test_mlflow_pod_meets_the_restricted_pod_security_standard() -> None:
 
 def test_gang_pods_meet_the_restricted_pod_security_standard() -> None:
     from tideflow.kube import KubeSettings
+    from tideflow.kube.torchrun import VOLCANO
     from tideflow.kube.volcano import gang_pod_spec
 
     for device_class in ("cpu", "gpu", "npu"):
-        pod = gang_pod_spec(gang("vision", device_class), KubeSettings(), master_addr="m")
+        pod = gang_pod_spec(
+            gang("vision", device_class), KubeSettings(), master_addr="m", index=VOLCANO, run_id="g"
+        )
         assert restricted_problems(pod) == [], device_class
 
 
@@ -324,6 +327,7 @@ def bound_service_accounts() -> set[str]:
 
 def test_gang_pods_run_as_their_own_service_account_without_a_token() -> None:
     from tideflow.kube import KubeSettings
+    from tideflow.kube.torchrun import VOLCANO
     from tideflow.kube.volcano import gang_pod_spec
 
     settings = KubeSettings()
@@ -335,7 +339,11 @@ def test_gang_pods_run_as_their_own_service_account_without_a_token() -> None:
             assert pod["spec"]["serviceAccountName"] == settings.gang_service_account, name
             assert pod["spec"]["automountServiceAccountToken"] is False, name
     pod = gang_pod_spec(
-        gang("vision", "gpu"), KubeSettings(gang_service_account="x"), master_addr="m"
+        gang("vision", "gpu"),
+        KubeSettings(gang_service_account="x"),
+        master_addr="m",
+        index=VOLCANO,
+        run_id="g",
     )
     assert pod["serviceAccountName"] == "x"
 
@@ -1146,12 +1154,19 @@ def quantity(value: Any) -> float:
 
 def test_every_team_queue_covers_what_a_gang_pod_requests() -> None:
     from tideflow.kube import KubeSettings
+    from tideflow.kube.torchrun import VOLCANO
     from tideflow.kube.volcano import gang_pod_spec
 
     for queue in team_cluster_queues():
         covered = {r for g in queue["spec"]["resourceGroups"] for r in g["coveredResources"]}
         for device_class in ("cpu", "gpu", "npu"):
-            pod = gang_pod_spec(gang("vision", device_class), KubeSettings(), master_addr="m")
+            pod = gang_pod_spec(
+                gang("vision", device_class),
+                KubeSettings(),
+                master_addr="m",
+                index=VOLCANO,
+                run_id="g",
+            )
             requested = {r for c in pod["containers"] for r in c["resources"]["requests"]}
             assert requested <= covered, (queue["metadata"]["name"], device_class)
 

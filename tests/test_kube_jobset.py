@@ -79,7 +79,7 @@ def test_gang_is_one_indexed_job_restarted_whole_and_queued_by_team(repo: Path) 
     pod = job["template"]["spec"]
     assert pod["priorityClassName"] == "tideflow-training"
     (container,) = pod["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["MASTER_ADDR"] == f"{name}-worker-0-0.{name}" and env["WORLD_SIZE"] == "2"
     assert container["envFrom"] == [{"secretRef": {"name": "tideflow-store"}}]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}

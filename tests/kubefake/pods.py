@@ -11,6 +11,7 @@ Job controller under a JobSet).
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from tests.kubefake.resources import BY_KIND
@@ -142,3 +143,44 @@ class Pods:
 
 def terminating(pod: dict[str, Any]) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+_FIELD = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+_PLAIN_FIELDS = {
+    "metadata.name": ("metadata", "name"),
+    "metadata.namespace": ("metadata", "namespace"),
+    "metadata.uid": ("metadata", "uid"),
+    "spec.nodeName": ("spec", "nodeName"),
+    "spec.serviceAccountName": ("spec", "serviceAccountName"),
+}
+
+
+def container_environment(pod: dict[str, Any], container: str | None = None) -> dict[str, str]:
+    """The environment the kubelet gives a container from its ``env`` list: plain values,
+    and downward-API ``fieldRef`` values read from the pod (Kubernetes
+    pkg/kubelet/kubelet_pods.go makeEnvironmentVariables and podFieldSelectorRuntimeValue;
+    the documentation's "Expose Pod Information to Containers Through Environment
+    Variables"). A key the pod lacks is an empty string, as the kubelet gives it.
+    ``secretKeyRef`` and ``configMapKeyRef`` variables (Volcano's svc plugin adds
+    some) are left out: the fake has no kubelet to fetch them."""
+    containers = pod["spec"]["containers"]
+    chosen = next(c for c in containers if container in (None, c["name"]))
+    env: dict[str, str] = {}
+    for variable in chosen.get("env") or []:
+        if "value" in variable or "valueFrom" not in variable:
+            env[variable["name"]] = variable.get("value", "")
+            continue
+        path = variable["valueFrom"].get("fieldRef", {}).get("fieldPath")
+        if path is None:
+            continue
+        keyed = _FIELD.match(path)
+        if keyed:
+            env[variable["name"]] = (pod["metadata"].get(keyed.group(1)) or {}).get(
+                keyed.group(2), ""
+            )
+        elif path in _PLAIN_FIELDS:
+            section, key = _PLAIN_FIELDS[path]
+            env[variable["name"]] = str(pod.get(section, {}).get(key, ""))
+        else:
+            raise NotImplementedError(f"{variable['name']}: fieldPath {path} is not resolved here")
+    return env

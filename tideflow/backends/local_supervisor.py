@@ -41,7 +41,14 @@ def free_port() -> int:
 
 
 def worker_env(job: GangJob, slot: WorkerSlot, port: int, restarts: int) -> dict[str, str]:
+    """torchrun's environment for one worker (as its agent sets it: torch
+    distributed/elastic/agent/server/local_elastic_agent.py), and tideflow's.
+
+    A node is torchrun's group: its workers share LOCAL_WORLD_SIZE, GROUP_RANK
+    is the node's place among the gang's nodes, in slot order.
+    """
     local_ranks = [s.rank for s in job.slots if s.node == slot.node]
+    nodes = list(dict.fromkeys(s.node for s in job.slots))
     env = {
         **os.environ,
         **job.env,
@@ -51,6 +58,14 @@ def worker_env(job: GangJob, slot: WorkerSlot, port: int, restarts: int) -> dict
         "WORLD_SIZE": str(job.workers),
         "LOCAL_RANK": str(local_ranks.index(slot.rank)),
         "LOCAL_WORLD_SIZE": str(len(local_ranks)),
+        "GROUP_RANK": str(nodes.index(slot.node)),
+        "GROUP_WORLD_SIZE": str(len(nodes)),
+        "ROLE_RANK": str(slot.rank),
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": str(job.workers),
+        "TORCHELASTIC_RESTART_COUNT": str(restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(job.max_restarts),
+        "TORCHELASTIC_RUN_ID": job.gang_id,
         "TIDEFLOW_GANG_ID": job.gang_id,
         "TIDEFLOW_DEVICE_CLASS": job.device_class,
         "TIDEFLOW_RESTART_COUNT": str(restarts),

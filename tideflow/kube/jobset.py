@@ -6,7 +6,8 @@ cannot (it would restart only the failed index while the other ranks wait in a
 collective). So a gang is one JobSet with one replicated Job:
 
 * an Indexed Job with ``parallelism`` = ``completions`` = workers; each pod's
-  ``JOB_COMPLETION_INDEX`` is its rank, and ``backoffLimit: 0`` turns any pod
+  completion index is its ``RANK`` (torchrun's environment,
+  ``tideflow.kube.torchrun``), and ``backoffLimit: 0`` turns any pod
   failure into a Job failure, which JobSet answers by recreating every worker
   (``failurePolicy.maxRestarts`` = the step's ``max_restarts``); workers resume
   from the newest committed checkpoint;
@@ -26,6 +27,7 @@ from typing import Any
 
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import MLFLOW_CLIENT_LABELS
+from tideflow.kube.torchrun import JOBSET
 from tideflow.kube.volcano import (
     EXIT_UNHEALTHY,
     GangShape,
@@ -44,7 +46,7 @@ def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[
     labels = gang_labels(shape, gang_id)
     # Pod host names are <jobset>-<replicated job>-<job index>-<pod index>.<subdomain>.
     master = f"{name}-{REPLICATED_JOB}-0-0.{name}"
-    pod_spec = gang_pod_spec(shape, settings, master_addr=master)
+    pod_spec = gang_pod_spec(shape, settings, master_addr=master, index=JOBSET, run_id=gang_id)
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "parallelism": shape.workers,

@@ -12,8 +12,10 @@
   when told to: exit 75 after its checkpoint, or 143 from SIGTERM) is aborted
   instead, and the backend replaces the aborted Job with a new one carrying the
   restarts still left (``tideflow.backends.kubernetes``).
-* The ``svc`` and ``env`` plugins give rendezvous: worker 0's stable host name is
-  ``MASTER_ADDR``, and each worker's index (``VC_TASK_INDEX``) is its rank.
+* The ``svc`` plugin gives rendezvous: worker 0's stable host name is
+  ``MASTER_ADDR``. Each pod gets torchrun's environment, its ``RANK`` from the
+  task index Volcano writes on it (``tideflow.kube.torchrun``); the ``env``
+  plugin's ``VC_TASK_INDEX`` is the same number.
 * Pods meet the "restricted" Pod Security Standard, get a termination grace
   long enough to write a checkpoint, and read store credentials from a Secret.
   They run as the gang ServiceAccount with no API token mounted, and carry the
@@ -34,6 +36,7 @@ from tideflow.kube.pods import (
     restricted,
     store_env,
 )
+from tideflow.kube.torchrun import VOLCANO, WorkerIndex, torchrun_env
 
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
 EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
@@ -113,8 +116,16 @@ def gang_labels(shape: GangShape, gang_id: str) -> dict[str, str]:
     }
 
 
-def gang_pod_spec(shape: GangShape, settings: KubeSettings, *, master_addr: str) -> dict[str, Any]:
-    """One worker's pod: its devices, rendezvous env, restricted security, grace to checkpoint."""
+def gang_pod_spec(
+    shape: GangShape,
+    settings: KubeSettings,
+    *,
+    master_addr: str,
+    index: WorkerIndex,
+    run_id: str,
+) -> dict[str, Any]:
+    """One worker's pod: its devices, torchrun's environment (the rank from ``index``),
+    restricted security, grace to checkpoint."""
     resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
     resource = DEVICE_RESOURCES.get(shape.device_class)
     if resource:
@@ -123,9 +134,14 @@ def gang_pod_spec(shape: GangShape, settings: KubeSettings, *, master_addr: str)
     else:
         resources["requests"]["cpu"] = str(shape.devices_per_worker)
     env = [
-        {"name": "WORLD_SIZE", "value": str(shape.workers)},
-        {"name": "MASTER_ADDR", "value": master_addr},
-        {"name": "MASTER_PORT", "value": str(settings.master_port)},
+        *torchrun_env(
+            index=index,
+            workers=shape.workers,
+            master_addr=master_addr,
+            master_port=settings.master_port,
+            max_restarts=shape.max_restarts,
+            run_id=run_id,
+        ),
         {"name": "TIDEFLOW_DEVICE_CLASS", "value": shape.device_class},
         # Where rank 0 reports and artifacts go, unless the step's env says otherwise.
         *(variable for variable in store_env(settings) if variable["name"] not in shape.env),
@@ -186,7 +202,9 @@ def gang_volcano_job(
     """
     name = shape.name
     labels = gang_labels(shape, gang_id)
-    pod_spec = gang_pod_spec(shape, settings, master_addr=f"{name}-worker-0.{name}")
+    pod_spec = gang_pod_spec(
+        shape, settings, master_addr=f"{name}-worker-0.{name}", index=VOLCANO, run_id=gang_id
+    )
     # Volcano sets the pods' priority from the Job's priorityClassName.
     pod_spec.pop("priorityClassName")
     job: dict[str, Any] = {

@@ -1,0 +1,109 @@
+"""A plain torchrun DDP script, as a team writes one without tideflow in mind.
+
+    torchrun --nproc-per-node 2 plain_ddp.py --epochs 3 --out /tmp/run
+
+It reads the environment torchrun gives (``env://`` rendezvous, ``LOCAL_RANK``),
+shards its data with ``DistributedSampler``, evaluates on rank 0 and writes one
+JSON report per rank under ``--out``: its final loss, a fingerprint of its
+weights, and the torchrun variables it was started with (so a test can see the
+contract it ran under).
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+def build_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def make_data(seed: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(512, 8, generator=generator)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    return TensorDataset(x, y)
+
+
+def evaluate(model: nn.Module, data: TensorDataset) -> float:
+    model.eval()
+    with torch.no_grad():
+        x, y = data.tensors
+        return float((model(x).argmax(dim=1) == y).float().mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    dist.init_process_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.manual_seed(args.seed)
+
+    data = make_data(args.seed)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(data, batch_size=32, sampler=sampler)
+    model = DistributedDataParallel(build_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    loss_fn = nn.CrossEntropyLoss()
+
+    loss = torch.tensor(0.0)
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        model.train()
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+        if rank == 0:
+            print(f"epoch {epoch}: loss {loss.item():.4f}", flush=True)
+
+    accuracy = evaluate(model.module, data) if rank == 0 else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world,
+        "loss": loss.item(),
+        "accuracy": accuracy,
+        # a fingerprint of the trained weights: DDP keeps them equal on every rank
+        "weights": sum(float(p.double().sum()) for p in model.module.parameters()),
+        "environment": {name: os.environ.get(name) for name in TORCHRUN_VARIABLES},
+    }
+    (out / f"rank-{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
