@@ -33,6 +33,8 @@ import yaml
 from tests.argo_run import REPO, defaults, start_gang_driver, templates, wait_for_gang
 from tests.kubefake import DEPLOY, KubeFake
 from tests.kubefake.object_meta import label_value_problems
+from tests.kubefake.pods import container_environment
+from tests.user_code.plain_ddp import TORCHRUN_VARIABLES
 from tideflow.argo import compile_pipeline
 from tideflow.kube import KubeSettings
 from tideflow.kube.volcano import EXIT_PREEMPTED
@@ -199,8 +201,15 @@ def test_the_longest_names_give_labels_and_hostnames_kubernetes_accepts(
         for obj in (job, *pods):
             for value in obj["metadata"]["labels"].values():
                 assert label_value_problems(value) == [], value
+        ranks = set()
         for pod in pods:
             assert len(pod["spec"].get("hostname") or pod["metadata"]["name"]) <= 63
+            # torchrun's environment, as the kubelet resolves it (tests/test_torchrun_contract.py)
+            env = container_environment(pod)
+            assert all(env.get(name) for name in TORCHRUN_VARIABLES), pod["metadata"]["name"]
+            assert env["WORLD_SIZE"] == "12" and env["LOCAL_RANK"] == "0"
+            ranks.add(int(env["RANK"]))
+        assert ranks == set(range(12))
     finally:
         driver.send_signal(signal.SIGTERM)
         driver.communicate(timeout=30)
