@@ -31,13 +31,12 @@ import pytest
 import yaml
 
 from tests.argo_run import REPO, defaults, start_gang_driver, templates, wait_for_gang
-from tests.kubefake import DEPLOY, KubeFake
+from tests.kubefake import KubeFake, gang_cluster
 from tests.kubefake.object_meta import label_value_problems
 from tests.kubefake.pods import container_environment
 from tests.user_code.plain_ddp import TORCHRUN_VARIABLES
 from tideflow.argo import compile_pipeline
 from tideflow.kube import KubeSettings
-from tideflow.kube.volcano import EXIT_PREEMPTED
 
 NS = "tideflow"
 JOBS = ("batch.volcano.sh/v1alpha1", "Job")
@@ -45,10 +44,7 @@ JOBS = ("batch.volcano.sh/v1alpha1", "Job")
 
 @pytest.fixture
 def fake() -> Iterator[KubeFake]:
-    with KubeFake() as cluster:
-        cluster.apply(DEPLOY / "priority-classes.yaml")
-        cluster.seed(DEPLOY / "volcano-queues.yaml")
-        cluster.pods.termination_exit_code = EXIT_PREEMPTED
+    with gang_cluster() as cluster:
         yield cluster
 
 

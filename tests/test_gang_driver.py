@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kubefake import DEPLOY, KubeFake, service_account
+from tests.kubefake import KubeFake, gang_cluster, service_account
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.backends.protocol import GangState
 from tideflow.gangs import ResolvedGang, resolve_gang
@@ -25,7 +25,6 @@ from tideflow.gangs.driver import StoppedError, drive, main
 from tideflow.kube import KubeSettings
 from tideflow.kube.names import gang_object_name
 from tideflow.kube.settings import settings_to_json
-from tideflow.kube.volcano import EXIT_PREEMPTED
 
 NS = "tideflow"
 DRIVER = service_account(NS, "tideflow-argo-gang-driver")
@@ -43,10 +42,7 @@ CONFIG = {
 
 @pytest.fixture
 def fake() -> Iterator[KubeFake]:
-    with KubeFake() as cluster:
-        cluster.apply(DEPLOY / "priority-classes.yaml")
-        cluster.seed(DEPLOY / "volcano-queues.yaml")
-        cluster.pods.termination_exit_code = EXIT_PREEMPTED
+    with gang_cluster() as cluster:
         yield cluster
 
 

@@ -181,6 +181,10 @@ def test_gang_step_becomes_one_volcano_job_and_the_task_follows_it(
     )
     (ti,) = dag_run.get_task_instances()
     assert ti.xcom_pull(task_ids="train")["checkpoint_store"] == env["TIDEFLOW_CHECKPOINT_URI"]
+    # rank 0 reports to the cluster's MLflow, and artifacts go where the settings say
+    settings = kube_settings_from_env()
+    assert env["MLFLOW_TRACKING_URI"] == settings.mlflow_tracking_uri
+    assert env["TIDEFLOW_ARTIFACT_ROOT"] == settings.artifact_root
     assert job["status"]["state"]["phase"] == "Completed"
     assert cluster.watches() == [410, 200]  # the trigger listed again after 410 Gone
     assert {(r.verb, r.code) for r in cluster.fake.requests_by(TRIGGERER)} == {

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from tests.argo_run import REPO, run_exit_handler, run_locally, run_task, templates
-from tests.kubefake import DEPLOY, KubeFake
+from tests.kubefake import KubeFake, gang_cluster
 from tideflow.argo import compile_pipeline
 from tideflow.kube import KubeSettings
 from tideflow.steps.standalone import assign, parse_assignment, read_value
@@ -47,10 +47,8 @@ def compiled(tmp_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
 
 @pytest.fixture
 def cluster() -> Iterator[KubeFake]:
-    with KubeFake() as fake:
-        fake.apply(DEPLOY / "priority-classes.yaml")
-        fake.seed(DEPLOY / "volcano-queues.yaml")
-        yield fake
+    with gang_cluster() as cluster:
+        yield cluster
 
 
 def load_npz(uri: str) -> dict[str, np.ndarray]:

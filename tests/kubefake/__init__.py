@@ -69,8 +69,33 @@ Usage::
         assert [r.code for r in fake.requests_by(user)] == [...]
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from tests.kubefake.fake import DEPLOY, KubeFake, Logged
 from tests.kubefake.rbac import ADMIN, service_account
 from tests.kubefake.status import ApiError
+from tideflow.kube.volcano import EXIT_PREEMPTED
 
-__all__ = ["ADMIN", "DEPLOY", "ApiError", "KubeFake", "Logged", "service_account"]
+
+@contextmanager
+def gang_cluster() -> Iterator[KubeFake]:
+    """A fake holding what a gang needs: deploy/'s PriorityClasses (created) and Volcano
+    team queues (seeded), with workers that do as tideflow's runtime does when their pod
+    is stopped: write a checkpoint and exit 75 (EXIT_PREEMPTED)."""
+    with KubeFake() as fake:
+        fake.apply(DEPLOY / "priority-classes.yaml")
+        fake.seed(DEPLOY / "volcano-queues.yaml")
+        fake.pods.termination_exit_code = EXIT_PREEMPTED
+        yield fake
+
+
+__all__ = [
+    "ADMIN",
+    "DEPLOY",
+    "ApiError",
+    "KubeFake",
+    "Logged",
+    "gang_cluster",
+    "service_account",
+]
