@@ -57,9 +57,9 @@ class Settings:
 
     def checkpoint_roots_for(self, team: str) -> tuple[str, ...]:
         """The store roots ``team``'s gangs may keep checkpoints under."""
-        from tideflow.storage.roots import declared_roots
+        from tideflow.storage.roots import team_roots
 
-        return (self.artifact_root, *declared_roots(self.checkpoint_roots, team))
+        return team_roots(self.artifact_root, self.checkpoint_roots, team)
 
     # State shared by every Airflow process (and the broker) on one installation.
     @property

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
         read_step,
         write_outputs,
     )
-    from tideflow.storage.roots import StoreRootError, declared_roots
+    from tideflow.storage.roots import StoreRootError, team_roots
 
     parser = build_parser(("gang_training",), "python -m tideflow.gangs.driver")
     parser.add_argument("--kube-settings", required=True, help="KubeSettings as JSON")
@@ -119,10 +119,7 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
             step=args.step,
             config=config,
             artifact_root=settings.artifact_root,
-            allowed_roots=(
-                settings.artifact_root,
-                *declared_roots(settings.checkpoint_roots, args.team),
-            ),
+            allowed_roots=team_roots(settings.artifact_root, settings.checkpoint_roots, args.team),
         )
         job = gang.cluster_job(
             {

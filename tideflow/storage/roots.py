@@ -53,6 +53,12 @@ def declared_roots(declaration: str, team: str) -> tuple[str, ...]:
     return tuple(roots)
 
 
+def team_roots(artifact_root: str, declaration: str, team: str) -> tuple[str, ...]:
+    """Every root ``team``'s gangs may keep checkpoints under: the artifact root, and
+    the roots ``TIDEFLOW_CHECKPOINT_ROOTS`` (``declaration``) gives it."""
+    return (artifact_root, *declared_roots(declaration, team))
+
+
 def check_root(root: str, team: str, allowed: Sequence[str]) -> None:
     """Raise ``StoreRootError`` with the reason unless ``root`` is within an allowed root."""
     try:
