@@ -364,25 +364,12 @@ class GangTrainingOperator(TideflowOperator):
         )
 
     def _outputs(self, context: Context, status: Any) -> dict[str, Any]:
-        store = self._gang(context).store
-        outputs: dict[str, Any] = {
-            "checkpoint_store": store,
-            "restarts": status.restarts,
-            "device_hours": status.device_seconds / 3600,
-        }
-        try:
-            from tideflow.checkpoint import CheckpointManager
+        from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
 
-            manifest = CheckpointManager(store).latest()
-        except ImportError:  # pragma: no cover - checkpoint package absent
-            manifest = None
-        if manifest is not None:
-            outputs.update(
-                {
-                    "checkpoint": manifest.uri,
-                    "checkpoint_step": manifest.step,
-                    "checkpoint_checksum": manifest.checksum,
-                    "metrics": manifest.metrics,
-                }
-            )
+        try:
+            outputs = gang_outputs(self._gang(context), warn=self.log.warning)
+        except NoCheckpointError as exc:
+            # Retrying would run the same script to the same end: fail for good.
+            raise AirflowFailException(f"tideflow: {exc}") from None
+        outputs.update(restarts=status.restarts, device_hours=status.device_seconds / 3600)
         return outputs

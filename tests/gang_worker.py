@@ -6,6 +6,9 @@ GANG_TEST_MODE:
   fail-always   rank 1 always exits 3
   sleep         run until SIGTERM; on SIGTERM exit 75 ("checkpointed, resumable")
   slow          sleep GANG_TEST_SECONDS (default 3), then exit 0
+
+A gang that ends well commits a one-shard checkpoint at step 1 (rank 0) when it
+has a store, as a training script does; GANG_TEST_CHECKPOINT=0 leaves it out.
 """
 
 from __future__ import annotations
@@ -50,3 +53,9 @@ if mode == "sleep":
     print("ready", flush=True)
     while True:
         time.sleep(0.05)
+
+store = os.environ.get("TIDEFLOW_CHECKPOINT_URI")
+if store and rank == 0 and os.environ.get("GANG_TEST_CHECKPOINT", "1") == "1":
+    from tideflow.checkpoint import CheckpointManager
+
+    CheckpointManager(store).save(1, {"model.pt": b"gang_worker"}, {"loss": 0.0})

@@ -34,6 +34,7 @@ from tests.argo_run import REPO, defaults, start_gang_driver, templates, wait_fo
 from tests.kubefake import KubeFake, gang_cluster
 from tests.kubefake.object_meta import label_value_problems
 from tests.kubefake.pods import container_environment
+from tests.simulated_workers import commit_as_workers
 from tests.user_code.plain_ddp import TORCHRUN_VARIABLES
 from tideflow.argo import compile_pipeline
 from tideflow.kube import KubeSettings
@@ -107,6 +108,7 @@ def test_a_retried_gang_step_follows_the_gang_it_made_and_never_starts_a_second(
     )
     try:
         assert wait_for_gang(fake, NS, retry) == name
+        commit_as_workers(fake.get(*JOBS, name, NS))
         fake.volcano.pods_succeeded(NS, name)
         out, _ = retry.communicate(timeout=60)
     finally:

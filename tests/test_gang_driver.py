@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.kubefake import KubeFake, gang_cluster, service_account
+from tests.simulated_workers import commit_as_workers
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.backends.protocol import GangState
 from tideflow.gangs import ResolvedGang, resolve_gang
@@ -121,6 +122,7 @@ def test_the_driver_creates_one_owned_gang_follows_it_and_reports_its_store(
 
     def succeed(name: str) -> None:
         fake.volcano.pods_running(NS, name)
+        commit_as_workers(fake.get("batch.volcano.sh/v1alpha1", "Job", name, NS))
         fake.volcano.pods_succeeded(NS, name)
 
     watcher = when_created(fake, succeed, job_name())
@@ -245,6 +247,7 @@ def test_a_checkpoint_store_outside_the_teams_roots_is_refused_before_any_gang(
 
     def succeed(name: str) -> None:
         fake.volcano.pods_running(NS, name)
+        commit_as_workers(fake.get("batch.volcano.sh/v1alpha1", "Job", name, NS))
         fake.volcano.pods_succeeded(NS, name)
 
     watcher = when_created(fake, succeed, job_name())
@@ -253,3 +256,32 @@ def test_a_checkpoint_store_outside_the_teams_roots_is_refused_before_any_gang(
     watcher.join(5)
     store = (tmp_path / "outputs" / "checkpoint_store").read_text()
     assert store == f"{other}/vision-train/vision-train-x7k2p/train/checkpoints"
+
+
+def test_a_gang_that_committed_no_checkpoint_fails_the_step_saying_what_to_call(
+    fake: KubeFake,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step declares a checkpoint policy; its script never saved through tideflow."""
+    monkeypatch.setattr("tideflow.gangs.driver.POLL_S", 0.05)
+
+    def succeed_without_saving(name: str) -> None:
+        fake.volcano.pods_running(NS, name)
+        fake.volcano.pods_succeeded(NS, name)
+
+    watcher = when_created(fake, succeed_without_saving, job_name())
+    code = main(argv(tmp_path), api_client=fake.client(DRIVER))
+    watcher.join(5)
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "committed no checkpoint" in err and "tideflow.checkpoints(" in err
+    assert not (tmp_path / "outputs" / "checkpoint_store").exists()  # nothing downstream
+
+    watcher = when_created(fake, succeed_without_saving, job_name("wf-optional"))
+    optional = {"checkpoint": {"keep_last": 2, "optional": True}}
+    assert main(argv(tmp_path, "wf-optional", config=optional), api_client=fake.client(DRIVER)) == 0
+    watcher.join(5)
+    assert "declared optional: going on" in capsys.readouterr().err
+    assert (tmp_path / "outputs" / "checkpoint").read_text() == ""

@@ -129,18 +129,24 @@ def test_a_retry_reattaches_instead_of_starting_a_second_gang(
     from airflow.utils.types import DagRunType
 
     from tideflow.backends import GangJob, WorkerSlot
+    from tideflow.gangs import run_prefix
+    from tideflow.storage.roots import gang_store
 
     logical_date = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
     run_id = DagRun.generate_run_id(
         run_type=DagRunType.MANUAL, logical_date=logical_date, run_after=logical_date
     )
     gang = gang_id_for("retry-test", run_id, "train")
+    store = gang_store(
+        None, Settings.from_env().artifact_root, run_prefix("retry-test", run_id, "train")
+    )
     backend = LocalBackend(Settings.from_env().home / "gangs")
     backend.submit(
         GangJob(
             gang,
             (sys.executable, WORKER),
-            {"GANG_TEST_MODE": "slow"},
+            # the store the operator resolves for this step: the earlier try's workers commit
+            {"GANG_TEST_MODE": "slow", "TIDEFLOW_CHECKPOINT_URI": store},
             (WorkerSlot(0, "localhost", (0,)), WorkerSlot(1, "localhost", (1,))),
             "cpu",
             False,

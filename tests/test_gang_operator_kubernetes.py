@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.kubefake import DEPLOY, KubeFake, service_account
+from tests.simulated_workers import commit_as_workers
 from tests.test_gang_operator import run_dag, states
 from tideflow.kube.settings import kube_settings_from_env
 
@@ -76,14 +77,17 @@ class Cluster:
     def watches(self) -> list[int]:
         return [r.code for r in self.fake.requests_by(TRIGGERER) if r.verb == "watch"]
 
-    def run_volcano_when_watched(self) -> None:
-        """1st watch: the pods start, and the history is compacted (410); 2nd: they succeed."""
+    def run_volcano_when_watched(self, *, commits: bool = True) -> None:
+        """1st watch: the pods start, and the history is compacted (410); 2nd: they succeed,
+        rank 0 having committed a checkpoint (unless not ``commits``)."""
 
         def start(info: Any) -> None:
             self.fake.volcano.pods_running(info.namespace, info.name)
             self.fake.store.compact()
 
         def finish(info: Any) -> None:
+            if commits:
+                commit_as_workers(self.fake.volcano.job(info.namespace, info.name))
             self.fake.volcano.pods_succeeded(info.namespace, info.name)
 
         self.fake.when_watched(start, finish)
@@ -97,6 +101,9 @@ class Cluster:
             self.fake.store.compact()
 
         def finish(info: Any) -> None:
+            commit_as_workers(
+                self.fake.get("jobset.x-k8s.io/v1alpha2", "JobSet", info.name, info.namespace)
+            )
             self.fake.jobset.pods_succeeded(info.namespace, info.name)
 
         self.fake.when_watched(start, finish)
@@ -280,7 +287,7 @@ def test_cluster_gang_trigger_serializes_and_resumes_after_a_triggerer_restart(
     from tideflow.operators.triggers import ClusterGangTrigger
 
     cluster_backend().submit(gang())  # as the worker
-    cluster.run_volcano_when_watched()
+    cluster.run_volcano_when_watched(commits=False)  # only the trigger runs: no outputs
     trigger = round_trip(ClusterGangTrigger(gang_id=gang().gang_id, deadline=time.time() + 60))
     event = first_event(trigger)
     assert event["status"] == "finished" and '"state": "succeeded"' in event["gang"]
@@ -334,6 +341,7 @@ def test_a_preempted_volcano_gang_resumes_as_one_job_without_using_a_restart(
 
     def run_to_completion(info: Any) -> None:
         cluster.fake.volcano.pods_running(info.namespace, info.name)
+        commit_as_workers(cluster.fake.volcano.job(info.namespace, info.name))
         cluster.fake.volcano.pods_succeeded(info.namespace, info.name)
 
     cluster.fake.when_watched(start_and_preempt, run_to_completion)

@@ -10,8 +10,10 @@ contract it ran under).
 """
 
 import argparse
+import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -62,6 +64,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="stand-in for a big model")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -73,7 +76,7 @@ def main() -> None:
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(data, batch_size=32, sampler=sampler)
     model = DistributedDataParallel(build_model())
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
     loss = torch.tensor(0.0)
@@ -85,6 +88,7 @@ def main() -> None:
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
+            time.sleep(args.step_sleep)
         if rank == 0:
             print(f"epoch {epoch}: loss {loss.item():.4f}", flush=True)
 
@@ -99,6 +103,9 @@ def main() -> None:
         "accuracy": accuracy,
         # a fingerprint of the trained weights: DDP keeps them equal on every rank
         "weights": sum(float(p.double().sum()) for p in model.module.parameters()),
+        "weights_sha256": hashlib.sha256(
+            b"".join(p.detach().numpy().tobytes() for p in model.module.parameters())
+        ).hexdigest(),
         "environment": {name: os.environ.get(name) for name in TORCHRUN_VARIABLES},
     }
     (out / f"rank-{rank}.json").write_text(json.dumps(report))

@@ -217,6 +217,24 @@ class Supervisor:
             assert isinstance(ledger, LeaseLedger)
             ledger.release(self.job.lease_id)
 
+    def resume_point(self) -> str:
+        """Where the relaunched workers will resume, as the store shows it now."""
+        uri = self.job.env.get("TIDEFLOW_CHECKPOINT_URI")
+        if not uri:
+            return "the gang has no checkpoint store: the workers start from the beginning"
+        from tideflow.checkpoint import CheckpointManager
+
+        try:
+            manifest = CheckpointManager(uri).latest(verify=False)
+        except Exception as exc:  # the workers will say more when they try
+            return f"the checkpoint store {uri} cannot be read ({exc})"
+        if manifest is None:
+            return (
+                f"no checkpoint is committed in {uri}: the workers start from the "
+                "beginning (a script resumes only if it saves through tideflow.checkpoints)"
+            )
+        return f"the newest committed checkpoint is step {manifest.step}"
+
     def run(self) -> GangState:
         try:
             return self._run()
@@ -292,8 +310,8 @@ class Supervisor:
                 return GangState.FAILED
             self.restarts += 1
             self.event(
-                f"restart {self.restarts} of {self.job.max_restarts}: relaunching "
-                "from the newest committed checkpoint"
+                f"restart {self.restarts} of {self.job.max_restarts}: relaunching; "
+                f"{self.resume_point()}"
             )
             self.launch()
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param
 
-from tideflow import operators  # type: ignore[attr-defined]  # mapped from operators/
+from tideflow import operators  # mapped from operators/
 from tideflow.compile.dag_plan import DagPlan, TaskPlan
 from tideflow.operators.callbacks import (
     pipeline_run_failed,

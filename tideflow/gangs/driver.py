@@ -22,7 +22,8 @@ Airflow the gang's object is named from its id and exists at most once:
 
 Outputs (files under DIR, Argo's output parameters): ``checkpoint_store``, and
 ``checkpoint`` / ``checkpoint_step`` of the newest committed checkpoint. Exit
-codes: 0 the gang succeeded, 1 it failed, 2 bad arguments, 143 stopped.
+codes: 0 the gang succeeded, 1 it failed (or committed no checkpoint its step
+requires, ``tideflow.gangs.outputs``), 2 bad arguments, 143 stopped.
 """
 
 from __future__ import annotations
@@ -79,20 +80,11 @@ def drive(
             return status
 
 
-def _outputs(store: str) -> dict[str, Any]:
-    from tideflow.checkpoint import CheckpointManager
-
-    outputs: dict[str, Any] = {"checkpoint_store": store, "checkpoint": "", "checkpoint_step": ""}
-    manifest = CheckpointManager(store).latest()
-    if manifest is not None:
-        outputs.update(checkpoint=manifest.uri, checkpoint_step=manifest.step)
-    return outputs
-
-
 def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
     from kubernetes import client
 
     from tideflow.backends.kubernetes import KubernetesBackend
+    from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
     from tideflow.gangs.resolved import resolve_gang
     from tideflow.kube.client import connect
     from tideflow.kube.settings import settings_from_json
@@ -157,7 +149,12 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
             file=sys.stderr,
         )
         return 1
-    write_outputs(Path(args.outputs), _outputs(gang.store), GANG_OUTPUTS)
+    try:
+        outputs = gang_outputs(gang, warn=lambda line: print(line, file=sys.stderr, flush=True))
+    except NoCheckpointError as exc:
+        print(f"tideflow: {exc}", file=sys.stderr)
+        return 1
+    write_outputs(Path(args.outputs), outputs, GANG_OUTPUTS)
     return 0
 
 

@@ -51,6 +51,7 @@ class ResolvedGang:
     preemptible: bool = True
     min_workers: int | None = None  # elastic when below ``workers``
     args: dict[str, Any] = field(default_factory=dict)  # for a module:function entry point
+    checkpoint_optional: bool = False  # committing no checkpoint warns instead of failing
 
     @property
     def command(self) -> tuple[str, ...] | None:
@@ -154,4 +155,5 @@ def resolve_gang(
             int(minimum) if minimum not in (None, "") and int(minimum) < workers else None
         ),
         args=dict(config.get("args") or {}),
+        checkpoint_optional=bool(checkpoint.get("optional", False)),
     )

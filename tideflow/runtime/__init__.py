@@ -5,6 +5,7 @@ torch is imported here (workers need it); mlflow only when metrics are sent.
 
 from tideflow.runtime.amp import MixedPrecision
 from tideflow.runtime.checkpointing import AsyncCheckpointer
+from tideflow.runtime.checkpoints import Checkpoints, checkpoints
 from tideflow.runtime.config import EnvConfig
 from tideflow.runtime.distributed import DistInfo, all_agree, cleanup, init_distributed
 from tideflow.runtime.health import (
@@ -15,13 +16,14 @@ from tideflow.runtime.health import (
 )
 from tideflow.runtime.metrics import MetricsLogger, flush_spool
 from tideflow.runtime.preemption import EXIT_PREEMPTED, EXIT_UNHEALTHY, PreemptionWatcher
-from tideflow.runtime.sampler import ResumableDistributedSampler
+from tideflow.runtime.sampler import ResumableDistributedSampler, ResumableSampler
 from tideflow.runtime.seeding import rng_state, seed_everything, set_rng_state
 
 __all__ = [
     "EXIT_PREEMPTED",
     "EXIT_UNHEALTHY",
     "AsyncCheckpointer",
+    "Checkpoints",
     "DistInfo",
     "EnvConfig",
     "HealthGuard",
@@ -29,10 +31,12 @@ __all__ = [
     "MixedPrecision",
     "PreemptionWatcher",
     "ResumableDistributedSampler",
+    "ResumableSampler",
     "TrainingDiverged",
     "TrainingStalled",
     "TrainingUnhealthy",
     "all_agree",
+    "checkpoints",
     "cleanup",
     "flush_spool",
     "init_distributed",

@@ -6,17 +6,14 @@ background thread. Buffers are reused from save to save, so the copy lands in
 memory that is already mapped instead of faulting in fresh pages.
 
 Every rank writes its own shard (``rank-R.pt``: its RNG state and extras);
-rank 0 also writes ``model.pt`` (model, optimizer, scaler, sampler, step). A
-rank whose shard is written leaves a receipt in the store; rank 0 commits the
-manifest once it holds every rank's receipt. No collective is needed, so the
-commit never waits for the training loop, and a checkpoint that lacks a rank's
-shard is never committed.
+rank 0 also writes ``model.pt`` (model, optimizer, scaler, sampler, step).
+They are committed as one checkpoint by ``GangCommit`` (receipts in the store,
+no collective), so the commit never waits for the training loop.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import logging
 import threading
 import time
@@ -25,12 +22,12 @@ from typing import Any
 
 import torch
 
-from tideflow.checkpoint import CheckpointManager, Manifest, ShardRecord
-from tideflow.checkpoint.manifest import MODEL_SHARD, rank_shard, step_prefix
+from tideflow.checkpoint import CheckpointManager, Manifest
+from tideflow.checkpoint.manifest import MODEL_SHARD, rank_shard
 from tideflow.runtime.distributed import DistInfo
+from tideflow.runtime.gang_commit import GangCommit
 
 log = logging.getLogger("tideflow.runtime")
-RECEIPT_TIMEOUT_S = 600.0
 
 
 def _serialise(obj: Any) -> bytes:
@@ -82,6 +79,7 @@ class AsyncCheckpointer:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._snapshots = (_Snapshot(), _Snapshot())
+        self.gang_commit = GangCommit(manager, rank=dist.rank, world_size=dist.world_size)
 
     # -- saving --------------------------------------------------------------------
     def save(
@@ -119,16 +117,14 @@ class AsyncCheckpointer:
         self, step: int, shared: Any, mine: Any, metrics: dict[str, float], meta: dict[str, Any]
     ) -> None:
         try:
-            record = self.manager.write_shard(step, rank_shard(self.dist.rank), _serialise(mine))
-            self._put_receipt(step, record)
-            if not self.dist.is_main:
-                return
-            records = [self.manager.write_shard(step, MODEL_SHARD, _serialise(shared))]
-            records += self._collect_receipts(step)
-            world_size = self.dist.world_size
-            manifest = self.manager.commit(
-                step, records, metrics, {**meta, "world_size": world_size}, world_size=world_size
+            shards = {rank_shard(self.dist.rank): _serialise(mine)}
+            if self.dist.is_main:
+                shards[MODEL_SHARD] = _serialise(shared)
+            manifest = self.gang_commit.commit(
+                step, shards, metrics=metrics, meta=meta, world_size=self.dist.world_size
             )
+            if manifest is None:  # not rank 0: rank 0 commits
+                return
             self.last_committed = manifest
             protect = [] if self.resumed_from is None else [self.resumed_from]
             self.manager.apply_retention(protect=protect)
@@ -137,39 +133,6 @@ class AsyncCheckpointer:
                 self.on_commit(manifest)
         except BaseException as exc:  # surfaced to the training loop by wait()
             self._error = exc
-
-    def _put_receipt(self, step: int, record: ShardRecord) -> None:
-        receipt = json.dumps(
-            {"name": record.name, "key": record.key, "sha256": record.sha256, "size": record.size}
-        ).encode()
-        self.manager.store.put_bytes(
-            f"{step_prefix(step)}/receipt-rank-{self.dist.rank}.json", receipt
-        )
-
-    def _collect_receipts(self, step: int) -> list[ShardRecord]:
-        deadline = time.monotonic() + RECEIPT_TIMEOUT_S
-        found: dict[int, ShardRecord] = {}
-        while len(found) < self.dist.world_size:
-            for rank in range(self.dist.world_size):
-                if rank in found:
-                    continue
-                key = f"{step_prefix(step)}/receipt-rank-{rank}.json"
-                try:
-                    data = json.loads(self.manager.store.get_bytes(key))
-                except Exception:
-                    continue
-                found[rank] = ShardRecord(
-                    data["name"], data["key"], data["sha256"], int(data["size"])
-                )
-            if len(found) < self.dist.world_size:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"checkpoint step {step}: ranks "
-                        f"{sorted(set(range(self.dist.world_size)) - set(found))}"
-                        " never wrote their shards"
-                    )
-                time.sleep(0.05)
-        return [found[rank] for rank in sorted(found)]
 
     def wait(self) -> None:
         if self._thread is not None:

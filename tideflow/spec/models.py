@@ -207,6 +207,14 @@ class CheckpointPolicy(SpecModel):
     every_seconds: DurationSeconds | None = None
     keep_last: templated_int(ge=1) = 3  # type: ignore[valid-type]
     keep_best: KeepBest | None = None
+    optional: bool = Field(
+        default=False,
+        description=(
+            "A gang that commits no checkpoint fails the step (its script never called "
+            "tideflow.checkpoints().save); true makes that a warning, for training code "
+            "that keeps its model elsewhere."
+        ),
+    )
 
     @field_validator("store")
     @classmethod
