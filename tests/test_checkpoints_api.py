@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import hashlib
 import itertools
 import json
 import os
@@ -34,6 +35,7 @@ from tideflow.checkpoint import CheckpointManager
 from tideflow.gangs import resolve_gang
 from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
 from tideflow.runtime import ResumableSampler
+from tideflow.steps.contracts import TrainedCheckpoint
 
 USER_CODE = Path(__file__).parent / "user_code"
 PLAIN = USER_CODE / "plain_ddp.py"
@@ -134,6 +136,13 @@ def test_an_uninterrupted_run_trains_exactly_as_the_unmodified_script(
     assert steps[-1] == 48 and steps == sorted(steps)  # 6 epochs x 8 steps; keep_last 3
     final = manager.latest()
     assert final is not None and final.world_size == 2 and "loss" in final.metrics
+    # what an evaluation or a builder reads back: the unwrapped model's weights (no module.)
+    state = TrainedCheckpoint.from_arguments(
+        {"checkpoint_store": store, "checkpoint_step": final.step, "checkpoint": final.uri}
+    ).state()
+    assert set(state) == {"model", "optimizer", "sampler", "tideflow"}
+    weights = b"".join(tensor.numpy().tobytes() for tensor in state["model"].values())
+    assert hashlib.sha256(weights).hexdigest() == unmodified["weights_sha256"]
 
 
 def test_kill_9_of_a_worker_resumes_bitwise_exactly(

@@ -8,12 +8,16 @@ they load on first use, not with the package):
     health guard (``tideflow.runtime.checkpoints``);
 ``tideflow.ResumableSampler``
     ``DistributedSampler`` that resumes mid-epoch (``tideflow.runtime.sampler``).
+
+An evaluation entry point or a promotion builder reads its checkpoint with
+``tideflow.TrainedCheckpoint.from_arguments(kwargs).state()``
+(``tideflow.steps.contracts``).
 """
 
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Checkpoints", "ResumableSampler", "checkpoints"]
+__all__ = ["Checkpoints", "ResumableSampler", "TrainedCheckpoint", "checkpoints"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +30,8 @@ def __getattr__(name: str) -> Any:
         from tideflow.runtime.sampler import ResumableSampler
 
         return ResumableSampler
+    if name == "TrainedCheckpoint":
+        from tideflow.steps.contracts import TrainedCheckpoint
+
+        return TrainedCheckpoint
     raise AttributeError(f"module 'tideflow' has no attribute {name!r}")
