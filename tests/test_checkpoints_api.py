@@ -114,6 +114,32 @@ def wait_for_checkpoint(store: str, at_least: int, timeout_s: float = 120) -> in
     raise TimeoutError(f"no checkpoint at step >= {at_least} in {store}")
 
 
+def wait_for_line(log: Path, text: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, f"{text!r} never logged"
+        time.sleep(0.05)
+
+
+def slow_gang(gang_id: str, script: Path, tmp_path: Path, store: str) -> GangJob:
+    """A gang slow enough to be killed mid-run, with one restart."""
+    return gang(
+        gang_id,
+        script,
+        tmp_path / "out",
+        policy(store),
+        extra=("--step-sleep", "0.05"),
+        max_restarts=1,
+    )
+
+
+def kill_rank_1(backend: LocalBackend, gang_id: str) -> Path:
+    log = backend.log_path(gang_id)
+    pid = int(re.search(r"rank 1: pid (\d+)", log.read_text()).group(1))  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGKILL)
+    return log
+
+
 @pytest.fixture(scope="module")
 def unmodified(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The plain script, unmodified and uninterrupted: the reference."""
@@ -150,19 +176,9 @@ def test_kill_9_of_a_worker_resumes_bitwise_exactly(
 ) -> None:
     store = (tmp_path / "ckpt").as_uri()
     backend = LocalBackend(tmp_path / "gangs")
-    job = gang(
-        "crash",
-        CHECKPOINTED,
-        tmp_path / "out",
-        policy(store),
-        extra=("--step-sleep", "0.05"),
-        max_restarts=1,
-    )
-    backend.submit(job)
+    backend.submit(slow_gang("crash", CHECKPOINTED, tmp_path, store))
     reached = wait_for_checkpoint(store, 15)
-    log = backend.log_path("crash")
-    pid = int(re.search(r"rank 1: pid (\d+)", log.read_text()).group(1))  # type: ignore[union-attr]
-    os.kill(pid, signal.SIGKILL)
+    log = kill_rank_1(backend, "crash")
     status = backend.wait("crash", 180)
     text = log.read_text()
     assert status.state is GangState.SUCCEEDED and status.restarts == 1, text[-3000:]
@@ -182,10 +198,7 @@ def test_sigterm_commits_exits_75_and_resumes_bitwise_exactly(
     slow = gang("evict", CHECKPOINTED, tmp_path / "out", env, extra=("--step-sleep", "0.05"))
     backend.submit(slow)
     log = backend.log_path("evict")
-    deadline = time.monotonic() + 120
-    while "epoch 0: loss" not in (log.read_text() if log.exists() else ""):  # 8 steps in
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_line(log, "epoch 0: loss")  # 8 steps in
     backend.preempt("evict")
     status = backend.wait("evict", 120)
     text = log.read_text()
@@ -221,22 +234,9 @@ def test_an_unmodified_script_is_told_it_resumes_from_nothing(tmp_path: Path) ->
     """The supervisor says what a restart resumes from, as the store shows it."""
     store = (tmp_path / "ckpt").as_uri()
     backend = LocalBackend(tmp_path / "gangs")
-    job = gang(
-        "plain",
-        PLAIN,
-        tmp_path / "out",
-        policy(store),
-        extra=("--step-sleep", "0.05"),
-        max_restarts=1,
-    )
-    backend.submit(job)
-    log = backend.log_path("plain")
-    deadline = time.monotonic() + 120
-    while "epoch 0: loss" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    pid = int(re.search(r"rank 1: pid (\d+)", log.read_text()).group(1))  # type: ignore[union-attr]
-    os.kill(pid, signal.SIGKILL)
+    backend.submit(slow_gang("plain", PLAIN, tmp_path, store))
+    wait_for_line(backend.log_path("plain"), "epoch 0: loss")
+    log = kill_rank_1(backend, "plain")
     assert backend.wait("plain", 180).state is GangState.SUCCEEDED
     assert f"no checkpoint is committed in {store}: the workers start from the beginning" in (
         log.read_text()
