@@ -85,6 +85,9 @@ class TaskPlan:
     config: dict[str, Any] = field(hash=False)
     # Upstream steps whose XCom outputs this step reads: {"checkpoint": "train", ...}
     sources: dict[str, str] = field(default_factory=dict, hash=False)
+    # The step's container image on a cluster (its own, else the pipeline's); None: the
+    # platform's default.
+    image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,10 @@ class DagPlan:
     tags: tuple[str, ...]
     params: dict[str, ParamPlan] = field(hash=False)
     tasks: tuple[TaskPlan, ...]
+    # The pipeline's modules (code.path resolved against the pipeline file; put first on
+    # PYTHONPATH of every step process), and where the step images hold them.
+    code_path: str | None = None
+    code_image_path: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,9 +209,11 @@ def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
                 timeout_seconds=step.timeout,
                 config=step.body.model_dump(mode="json", by_alias=True),
                 sources=_sources(spec, step),
+                image=spec.image_for(step),
             )
         )
     meta = spec.metadata
+    code_dir = spec.code_dir()
     return DagPlan(
         dag_id=meta.name,
         team=meta.team,
@@ -214,6 +223,8 @@ def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
         tags=tuple(dict.fromkeys(("tideflow", f"team:{meta.team}", *meta.tags))),
         params={name: _param_plan(p) for name, p in spec.params.items()},
         tasks=tuple(tasks),
+        code_path=str(code_dir) if code_dir is not None else None,
+        code_image_path=spec.code.image_path if spec.code is not None else None,
     )
 
 

@@ -36,6 +36,8 @@ class ClusterCapacity(Protocol):
 
 _PARAM_REF = re.compile(r"params\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*['\"]([A-Za-z_]\w*)['\"]\s*\])")
 _EXACT_PARAM = re.compile(r"^\s*\{\{\s*params\.([A-Za-z_]\w*)\s*\}\}\s*$")
+# A gang command's args become '--KEY VALUE' options (tideflow.steps.commands.args_argv).
+_OPTION_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class _Checker:
@@ -142,6 +144,40 @@ class _Checker:
                         f"{hint}declared params: {known}",
                     )
 
+    def check_gang_bodies(self) -> None:
+        """Gang fields that depend on each other: a cpu gang's cores, a command's options."""
+        for index, step in self.steps():
+            block = step.get("gang_training")
+            if not isinstance(block, dict):
+                continue
+            base: Path = ("steps", index, "gang_training")
+            device = block.get("device")
+            device_class = device.get("class", "cpu") if isinstance(device, dict) else "cpu"
+            resources = block.get("resources")
+            if (
+                device_class == "cpu"
+                and isinstance(resources, dict)
+                and resources.get("cpu") is not None
+            ):
+                self.add(
+                    (*base, "resources", "cpu"),
+                    "a cpu gang's cores per worker are its devices_per_worker",
+                    "devices_per_worker: N (cores per worker) and no resources.cpu; "
+                    "resources.cpu is for gpu and npu gangs",
+                )
+            args = block.get("args")
+            if isinstance(block.get("entrypoint"), list) and isinstance(args, dict):
+                for key in args:
+                    if not isinstance(key, str) or not _OPTION_KEY.match(key):
+                        self.add(
+                            (*base, "args", key),
+                            f"args key {key!r} cannot be a command-line option "
+                            "(a command's args are appended as --KEY VALUE)",
+                            "keys of letters, digits, '_', '-' and '.', starting with a "
+                            "letter or digit",
+                            key=True,
+                        )
+
     def resolve_default(self, value: Any) -> Any:
         """A templated field's value at the param's default, or None if not resolvable."""
         if isinstance(value, int):
@@ -190,6 +226,7 @@ def cross_step_issues(
     checker = _Checker(data, file, positions)
     checker.check_graph()
     checker.check_param_refs()
+    checker.check_gang_bodies()
     if inventory is not None:
         checker.check_gang_fit(inventory)
     return checker.issues

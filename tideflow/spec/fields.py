@@ -22,6 +22,15 @@ _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _CPU = re.compile(r"^(\d+(\.\d+)?|\d+m)$")
 _MEMORY = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+# A container image reference (distribution/reference's grammar): an optional registry
+# host (with a port), lowercase path components, an optional tag and an optional digest.
+_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_PATTERN = (
+    rf"^(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+_IMAGE = re.compile(IMAGE_PATTERN)
 
 
 def fail(problem: str, accepted: str) -> PydanticCustomError:
@@ -162,6 +171,25 @@ EntryPoint = Annotated[
             ]
         }
     ),
+]
+
+
+def _check_image(value: Any) -> str:
+    accepted = (
+        "a container image reference such as 'registry.example.com/team/train:1.4' "
+        "or 'registry.example.com/team/train@sha256:<digest>' (no templates)"
+    )
+    if not isinstance(value, str):
+        raise fail(f"expected an image reference, got {type(value).__name__} {value!r}", accepted)
+    if len(value) > 512 or not _IMAGE.match(value):
+        raise fail(f"'{value}' is not an image reference", accepted)
+    return value
+
+
+ImageRef = Annotated[
+    str,
+    PlainValidator(_check_image),
+    WithJsonSchema({"type": "string", "pattern": IMAGE_PATTERN, "maxLength": 512}),
 ]
 
 

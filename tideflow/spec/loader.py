@@ -53,11 +53,15 @@ def parse_model(
     model: type[M],
     inventory: ClusterCapacity | None = None,
     store_roots: StoreRoots | None = None,
+    *,
+    source_dir: Path | None = None,
 ) -> M:
     """Validate ``text`` as ``model``; raise ``SpecError`` with all problems found.
 
     ``inventory`` enables the gang-fit check, ``store_roots`` the check that
-    each gang's checkpoint store is under a root its team may use.
+    each gang's checkpoint store is under a root its team may use. A pipeline's
+    ``code.path`` is resolved against ``source_dir`` (default: ``file``'s
+    directory) and must be a directory there.
     """
     loaded = load_yaml(text, file)
     issues = list(loaded.issues)
@@ -74,11 +78,35 @@ def parse_model(
         issues.extend(issues_from_validation(exc, model, file, loaded.positions))
     if model is PipelineSpec:
         issues.extend(cross_step_issues(loaded.data, file, loaded.positions, inventory))
+    if isinstance(result, PipelineSpec):
+        result._source_dir = Path(os.path.abspath(source_dir or Path(file).parent))
+        issues.extend(_code_issues(result, file, loaded.positions))
     if isinstance(result, PipelineSpec) and store_roots is not None:
         issues.extend(_store_issues(result, file, loaded.positions, store_roots))
     if issues or result is None:
         raise SpecError(file, issues)
     return result
+
+
+def _code_issues(spec: PipelineSpec, file: str, positions: Positions) -> list[SpecIssue]:
+    """``code.path`` must be a directory, where the pipeline file says it is."""
+    directory = spec.code_dir()
+    if directory is None or directory.is_dir():
+        return []
+    path = ("code", "path")
+    line, col = positions.of_value(path)
+    what = "is not a directory" if directory.exists() else "does not exist"
+    return [
+        SpecIssue(
+            file,
+            line,
+            col,
+            format_path(path),
+            f"code directory {display_path(directory)} {what}",
+            "a directory of Python modules, relative to the pipeline file's directory "
+            f"({display_path(spec.source_dir or Path.cwd())}) or absolute",
+        )
+    ]
 
 
 def _store_issues(
@@ -121,7 +149,9 @@ def load_model(
     text, issues = _read(file)
     if text is None:
         raise SpecError(display_path(file), issues)
-    return parse_model(text, display_path(file), model, inventory, store_roots)
+    return parse_model(
+        text, display_path(file), model, inventory, store_roots, source_dir=file.absolute().parent
+    )
 
 
 def load_pipeline(

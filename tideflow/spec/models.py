@@ -9,15 +9,26 @@ so that they can run even when some step fails its own validation.
 from __future__ import annotations
 
 import math
+import os
+import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from croniter import croniter
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from tideflow.spec.fields import (
     CpuQuantity,
     DurationSeconds,
     EntryPoint,
+    ImageRef,
     MemoryQuantity,
     Name,
     fail,
@@ -38,6 +49,7 @@ AIRFLOW_PRESETS = (
     "@yearly",
 )
 EVALUATION_DEVICES = ("npu", "gpu-spare", "gpu", "cpu")
+PACKAGE_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
 
 
 class SpecModel(BaseModel):
@@ -151,6 +163,87 @@ class Resources(SpecModel):
     memory: MemoryQuantity = "1Gi"
 
 
+class WorkerResources(SpecModel):
+    """What each gang worker asks for besides its devices (``devices_per_worker``)."""
+
+    cpu: CpuQuantity | None = Field(
+        default=None,
+        description="CPU per worker of a gpu or npu gang (a cpu gang's cores are its "
+        "devices_per_worker); a request of each pod on Kubernetes.",
+    )
+    memory: MemoryQuantity | None = Field(
+        default=None,
+        description="Memory per worker; request and limit of each pod on Kubernetes.",
+    )
+
+
+class Code(SpecModel):
+    """Where the pipeline's own Python modules are found, by every step."""
+
+    path: str | None = Field(
+        default=None,
+        description="A directory of the pipeline's modules, relative to this file (or "
+        "absolute); first on PYTHONPATH of every step process tideflow starts on this "
+        "machine or under Airflow.",
+    )
+    package: str | None = Field(
+        default=None,
+        description="An import package installed where the steps run (this environment "
+        "and the step images); nothing is added to the search path.",
+    )
+    image_path: str | None = Field(
+        default=None,
+        description="With 'path': the same directory inside the step images (absolute); "
+        "first on PYTHONPATH of Argo step pods and of gang pods on Kubernetes.",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or "{{" in value):
+            raise fail(
+                f"{value!r} is not a directory path",
+                "a directory relative to the pipeline file, such as './src' (no templates)",
+            )
+        return value
+
+    @field_validator("package")
+    @classmethod
+    def _package(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(PACKAGE_PATTERN, value):
+            raise fail(
+                f"'{value}' is not an import package name",
+                "a dotted Python package name such as 'vision_train' or 'team.models'",
+            )
+        return value
+
+    @field_validator("image_path")
+    @classmethod
+    def _image_path(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or "{{" in value):
+            raise fail(
+                f"'{value}' is not an absolute path",
+                "the directory's absolute path inside the image, such as '/opt/team/src'",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Code:
+        if (self.path is None) == (self.package is None):
+            what = "both 'path' and 'package'" if self.path else "neither 'path' nor 'package'"
+            raise fail(
+                f"code has {what}",
+                "either 'path: ./src' (a directory next to the pipeline) or "
+                "'package: NAME' (an installed package)",
+            )
+        if self.image_path is not None and self.path is None:
+            raise fail(
+                "'image_path' goes with 'path'",
+                "'path' and 'image_path' together, or 'package' alone",
+            )
+        return self
+
+
 class StepBody(SpecModel):
     """Fields every runnable step kind shares."""
 
@@ -238,6 +331,7 @@ class GangTraining(StepBody):
     max_restarts: templated_int(ge=0, le=100) = 3  # type: ignore[valid-type]
     priority: int = Field(default=0, ge=-1000, le=1000)
     preemptible: bool = True
+    resources: WorkerResources = WorkerResources()
 
     @model_validator(mode="after")
     def _elastic_bounds(self) -> GangTraining:
@@ -294,6 +388,11 @@ class Step(SpecModel):
     needs: tuple[str, ...] = ()
     retries: int = Field(default=0, ge=0, le=20)
     timeout: DurationSeconds | None = None
+    image: ImageRef | None = Field(
+        default=None,
+        description="Container image of this step on a cluster (its pods, or a gang's "
+        "workers); overrides the pipeline's 'image'.",
+    )
     data_prep: DataPrep | None = None
     gang_training: GangTraining | None = None
     evaluation: Evaluation | None = None
@@ -325,7 +424,35 @@ class PipelineSpec(SpecModel):
     params: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], ParamSpec] = Field(
         default_factory=dict
     )
+    code: Code | None = Field(
+        default=None, description="Where the pipeline's own modules are, for every step."
+    )
+    image: ImageRef | None = Field(
+        default=None,
+        description="Container image of every step on a cluster; defaults to the "
+        "platform's (TIDEFLOW_K8S_IMAGE).",
+    )
     steps: tuple[Step, ...] = Field(min_length=1)
+    # The directory of the file the spec was read from (set by the loader): a relative
+    # code.path is resolved against it.
+    _source_dir: Path | None = PrivateAttr(default=None)
 
     def step(self, name: str) -> Step:
         return next(step for step in self.steps if step.name == name)
+
+    @property
+    def source_dir(self) -> Path | None:
+        return self._source_dir
+
+    def code_dir(self) -> Path | None:
+        """The absolute directory of ``code.path`` (relative to the pipeline's file)."""
+        if self.code is None or self.code.path is None:
+            return None
+        path = Path(self.code.path).expanduser()
+        if not path.is_absolute():
+            path = (self._source_dir or Path.cwd()) / path
+        return Path(os.path.normpath(path.absolute()))
+
+    def image_for(self, step: Step) -> str | None:
+        """The image ``step`` runs in on a cluster: its own, else the pipeline's."""
+        return step.image or self.image
