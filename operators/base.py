@@ -24,10 +24,15 @@ class TideflowOperator(BaseOperator):
     ui_color = "#d6eaf8"
     operator_extra_links = (MlflowRunLink(),)
 
-    def __init__(self, *, pipeline: str, team: str, **kwargs: Any) -> None:
+    def __init__(
+        self, *, pipeline: str, team: str, code_path: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.team = team
+        # The pipeline's modules (code.path, resolved): first on PYTHONPATH of the step's
+        # processes.
+        self.code_path = code_path
 
     # Templates render typed and sandboxed, never literal_eval'd (tideflow.operators.templating)
     def get_template_env(self, dag: Any = None) -> jinja2.Environment:

@@ -23,8 +23,10 @@ class EntryPointRunner:
 
     A ``module:function`` entry point is called as ``function(ctx, **args)``;
     a command reads ``$TIDEFLOW_STEP_CONTEXT`` and ``$TIDEFLOW_STEP_ARGS`` and
-    writes JSON to ``$TIDEFLOW_STEP_OUTPUTS``. Every line the child prints goes
-    to the task log; a non-zero exit raises with the child's last lines.
+    writes JSON to ``$TIDEFLOW_STEP_OUTPUTS``. The pipeline's code directory
+    (the operator's ``code_path``) is first on the child's ``PYTHONPATH``. Every
+    line the child prints goes to the task log; a non-zero exit raises with the
+    child's last lines.
     """
 
     task_id: str
@@ -50,6 +52,7 @@ class EntryPointRunner:
                 step=self.task_id,
                 on_line=lambda line: self.log.info("%s", line),
                 on_start=started,
+                code_path=getattr(self, "code_path", None),
             )
         except StepError as exc:
             raise AirflowException(str(exc)) from exc

@@ -60,6 +60,9 @@ class GangTrainingOperator(TideflowOperator):
         priority: int = 0,
         preemptible: bool = True,
         min_workers: int | str | None = None,
+        worker_resources: dict[str, Any] | None = None,
+        image: str | None = None,
+        code_image_path: str | None = None,
         lease_poll_s: float = 5.0,
         gang_poll_s: float = 2.0,
         wait_timeout_s: float = DEFAULT_WAIT_S,
@@ -77,6 +80,11 @@ class GangTrainingOperator(TideflowOperator):
         self.priority = priority
         self.preemptible = preemptible
         self.min_workers = min_workers
+        # The step's ``resources`` (per worker, besides its devices; BaseOperator has its
+        # own ``resources``); the workers' image and the pipeline's code in it (clusters).
+        self.worker_resources = worker_resources or {}
+        self.image = image
+        self.code_image_path = code_image_path
         self.lease_poll_s = lease_poll_s
         self.gang_poll_s = gang_poll_s
         self.wait_timeout_s = wait_timeout_s
@@ -115,6 +123,9 @@ class GangTrainingOperator(TideflowOperator):
             "env": self.env,
             "checkpoint": self.checkpoint,
             "max_restarts": self.max_restarts,
+            "resources": self.worker_resources,
+            "image": self.image,
+            "code": {"path": self.code_path, "image_path": self.code_image_path},
         }
 
     def _on_cluster(self) -> bool:
@@ -214,7 +225,8 @@ class GangTrainingOperator(TideflowOperator):
                     self.workers,
                     lease.min_workers,
                 )
-        command = self._command(ctx, state_dir / "contexts")
+        command, files = self._command(gang, ctx, state_dir / "contexts")
+        env.update(files)
         job = build_job(gang, lease, command=command, extra_env=env, ledger_path=ledger_path)
         placement = "; ".join(f"rank {s.rank} -> {s.node}{list(s.devices)}" for s in job.slots)
         self.log.info("tideflow: lease %s granted: %s", lease.lease_id, placement)
@@ -241,7 +253,7 @@ class GangTrainingOperator(TideflowOperator):
                 "(a list such as [python, -m, my.module])"
             )
         ctx = self.step_context(context)
-        job = self._gang(context).cluster_job(self._tracking_env(context, ctx))
+        job = self._gang(context).cluster_job(self._tracking_env(context, ctx), context=ctx)
         status = backend.submit(job)
         self.log.info(
             "tideflow: gang %s submitted to %s as %s/%s (%d worker(s)): %s",
@@ -295,26 +307,13 @@ class GangTrainingOperator(TideflowOperator):
             },
         )
 
-    def _command(self, ctx: Any, scratch: Path) -> list[str]:
-        if not isinstance(self.entrypoint, str):
-            return [str(part) for part in self.entrypoint]
-        import json
-
+    def _command(self, gang: Any, ctx: Any, scratch: Path) -> tuple[list[str], dict[str, str]]:
+        """The workers' command line and their step-context files (``local_command``)."""
+        from tideflow.gangs import local_command
         from tideflow.storage import safe_segment
 
         directory = scratch / safe_segment(f"{ctx.dag_id}-{ctx.run_id}-{ctx.step}")
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "context.json").write_text(ctx.to_json())
-        (directory / "args.json").write_text(json.dumps(self.args, default=str))
-        return [
-            "python",
-            "-m",
-            "tideflow.steps.runner",
-            self.entrypoint,
-            str(directory / "context.json"),
-            str(directory / "args.json"),
-            str(directory / "outputs-rank-{rank}.json"),
-        ]
+        return local_command(gang, ctx, directory)
 
     def _defer_to_gang(self, context: Context, gang_id: str) -> None:
         _, state_dir, _ = self._paths()

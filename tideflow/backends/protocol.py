@@ -55,6 +55,16 @@ class GangJob:
     priority: int = 0
     # Labels for the cluster object and its pods besides its gang and team (pipeline, step, run).
     labels: dict[str, str] = field(default_factory=dict)
+    # The workers' image on a cluster (None: the platform's); the local backend runs the
+    # command on this machine.
+    image: str | None = None
+    # What each worker asks for besides its devices: pod requests (memory also the limit)
+    # on a cluster; recorded in the job locally, where workers are not confined.
+    cpu: str | None = None
+    memory: str | None = None
+    # The step's context files a cluster's pods get (name -> JSON text: context.json,
+    # args.json); the local backend's workers get them through the environment instead.
+    step_files: dict[str, str] = field(default_factory=dict)
 
     @property
     def workers(self) -> int:

@@ -20,7 +20,7 @@ from tideflow.operators.callbacks import (
 START_DATE = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
 
-def _operator_kwargs(task: TaskPlan) -> dict[str, Any]:
+def _operator_kwargs(task: TaskPlan, plan: DagPlan) -> dict[str, Any]:
     if task.kind == "data_prep":
         config = task.config
         return {
@@ -44,7 +44,12 @@ def _operator_kwargs(task: TaskPlan) -> dict[str, Any]:
             "priority",
             "preemptible",
         )
-        return {key: config[key] for key in keys}
+        return {
+            **{key: config[key] for key in keys},
+            "worker_resources": config["resources"],
+            "image": task.image,
+            "code_image_path": plan.code_image_path,
+        }
     if task.kind == "evaluation":
         config = task.config
         return {
@@ -134,8 +139,9 @@ def build_dag(plan: DagPlan, source: Path | None = None) -> DAG:
                 dt.timedelta(seconds=task.timeout_seconds) if task.timeout_seconds else None
             ),
             dag=dag,
+            code_path=plan.code_path,
             **extra,
-            **_operator_kwargs(task),
+            **_operator_kwargs(task, plan),
         )
     for task in plan.tasks:
         for upstream in task.upstream:

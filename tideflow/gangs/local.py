@@ -1,7 +1,8 @@
-"""A gang on this machine: its lease ledger and the local backend's job."""
+"""A gang on this machine: its lease ledger, its workers' command and the local backend's job."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import asdict
@@ -13,6 +14,8 @@ from tideflow.gangs.resolved import ResolvedGang
 from tideflow.inventory import detect_local, inventory_for
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 from tideflow.steps.commands import resolve_command
+from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV, StepContext
+from tideflow.steps.entrypoints import ARGS_ENV
 
 LEASE_TTL_S = 60.0
 
@@ -51,7 +54,7 @@ def build_job(
     return GangJob(
         gang_id=lease.gang_id,
         command=tuple(resolve_command(command)),
-        env={**gang.env, **extra_env},
+        env=gang.local_env(extra_env),
         slots=slots,
         device_class=gang.device_class,
         emulated=not machine_has(gang.device_class),
@@ -59,7 +62,36 @@ def build_job(
         lease_id=lease.lease_id,
         lease_db=str(ledger_path),
         lease_ttl_s=LEASE_TTL_S,
+        cpu=gang.cpu,
+        memory=gang.memory,
     )
+
+
+# Each rank's outputs file: the supervisor puts the rank in its place (worker_env).
+RANK_OUTPUTS = "outputs-rank-{rank}.json"
+
+
+def local_command(
+    gang: ResolvedGang, ctx: StepContext, directory: Path
+) -> tuple[list[str], dict[str, str]]:
+    """The workers' command line, and the step-context variables for their environment.
+
+    Writes the step's context and args into ``directory``. Every worker gets
+    ``$TIDEFLOW_STEP_CONTEXT``, ``$TIDEFLOW_STEP_ARGS`` and ``$TIDEFLOW_STEP_OUTPUTS``
+    (its own file, ``outputs-rank-N.json``), as a data-prep step's process does; a
+    ``module:function`` entry point is called through ``tideflow.steps.runner`` with
+    the same files, and a command gets its args appended as options too.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    context, args = directory / "context.json", directory / "args.json"
+    context.write_text(ctx.to_json(), encoding="utf-8")
+    args.write_text(json.dumps(gang.args, default=str), encoding="utf-8")
+    outputs = directory / RANK_OUTPUTS
+    env = {CONTEXT_ENV: str(context), ARGS_ENV: str(args), OUTPUTS_ENV: str(outputs)}
+    if gang.command is not None:
+        return [str(part) for part in gang.command], env
+    command = ["python", "-m", "tideflow.steps.runner", str(gang.entrypoint)]
+    return [*command, str(context), str(args), str(outputs)], env
 
 
 def holder_name() -> str:

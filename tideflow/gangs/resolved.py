@@ -4,11 +4,13 @@ Every place that runs a gang (the operator on the local backend or a cluster,
 the Argo gang driver) turns the rendered step into a ``ResolvedGang`` here, and
 takes what it needs from it: the ledger's request, the local job, the cluster
 job (from which the Volcano Job or JobSet is built). So the gang's id, its
-checkpoint store and its workers' environment follow one rule everywhere.
+checkpoint store, its workers' environment, command line, image and resources
+follow one rule everywhere.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,9 @@ from tideflow.checkpoint.policy import checkpoint_env
 from tideflow.kube.names import dns_label
 from tideflow.scheduling import GangRequest
 from tideflow.scheduling.model import DeviceClass
+from tideflow.steps.code import with_code_path
+from tideflow.steps.commands import args_argv
+from tideflow.steps.context import StepContext
 from tideflow.storage import safe_segment
 from tideflow.storage.roots import check_root, gang_store
 
@@ -50,12 +55,25 @@ class ResolvedGang:
     priority: int = 0
     preemptible: bool = True
     min_workers: int | None = None  # elastic when below ``workers``
-    args: dict[str, Any] = field(default_factory=dict)  # for a module:function entry point
+    # A module:function entry point's keyword arguments; a command's options (``command``).
+    args: dict[str, Any] = field(default_factory=dict)
     checkpoint_optional: bool = False  # committing no checkpoint warns instead of failing
+    image: str | None = None  # the workers' image on a cluster; None: the platform's
+    cpu: str | None = None  # per worker, besides its devices (None: not asked for)
+    memory: str | None = None
+    code_path: str | None = None  # the pipeline's modules on this machine (PYTHONPATH)
+    image_code_path: str | None = None  # the same directory inside the image
 
     @property
     def command(self) -> tuple[str, ...] | None:
-        return None if isinstance(self.entrypoint, str) else self.entrypoint
+        """A command entry point with its ``args`` appended as options (``args_argv``)."""
+        if isinstance(self.entrypoint, str):
+            return None
+        return (*self.entrypoint, *args_argv(self.args))
+
+    def local_env(self, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The workers' environment on this machine: the pipeline's code dir on PYTHONPATH."""
+        return with_code_path({**self.env, **(extra_env or {})}, self.code_path)
 
     def request(self) -> GangRequest:
         """What the lease ledger needs to place the gang."""
@@ -71,11 +89,21 @@ class ResolvedGang:
             min_workers=self.min_workers,
         )
 
-    def cluster_job(self, extra_env: Mapping[str, str] | None = None) -> GangJob:
+    def cluster_job(
+        self, extra_env: Mapping[str, str] | None = None, *, context: StepContext | None = None
+    ) -> GangJob:
         """The gang for a cluster's gang scheduler: it places the workers, so no lease.
 
-        The command is kept as written (``python`` is the image's interpreter).
+        The command is kept as written (``python`` is the image's interpreter), its
+        args appended as options. With ``context``, the pods get the step's context
+        and args as files, as the local workers and a data-prep step do.
         """
+        files = {}
+        if context is not None:
+            files = {
+                "context.json": context.to_json(),
+                "args.json": json.dumps(self.args, default=str, sort_keys=True),
+            }
         if self.command is None:
             raise ValueError(
                 f"step '{self.step}': entry point {self.entrypoint!r} is module:function; on "
@@ -85,7 +113,8 @@ class ResolvedGang:
         return GangJob(
             gang_id=self.gang_id,
             command=self.command,
-            env={**self.env, **(extra_env or {})},
+            # In the pods, the image's copy of the pipeline's code goes first on PYTHONPATH.
+            env=with_code_path({**self.env, **(extra_env or {})}, self.image_code_path, {}),
             slots=tuple(
                 WorkerSlot(rank, "", tuple(range(self.devices_per_worker)))
                 for rank in range(self.workers)
@@ -101,6 +130,10 @@ class ResolvedGang:
                 "tideflow.io/step": dns_label(self.step),
                 "tideflow.io/run": dns_label(self.run_id),
             },
+            image=self.image,
+            cpu=self.cpu,
+            memory=self.memory,
+            step_files=files,
         )
 
 
@@ -115,6 +148,10 @@ def resolve_gang(
     allowed_roots: Sequence[str],
 ) -> ResolvedGang:
     """The gang of a rendered ``gang_training`` step (its spec fields) in one run.
+
+    Besides the spec's fields, ``config`` may carry the step's ``image`` (its own or
+    the pipeline's) and the pipeline's ``code``: ``path`` (resolved on this machine)
+    and ``image_path`` (inside the image).
 
     Raises ``StoreRootError`` when the step's checkpoint root is not one the
     team may write to (checked at validation too, unless it was a template).
@@ -134,6 +171,8 @@ def resolve_gang(
     minimum = config.get("min_workers")
     entrypoint = config["entrypoint"]
     device = config.get("device") or {"class": "cpu", "model": None}
+    resources = config.get("resources") or {}
+    code = config.get("code") or {}
     return ResolvedGang(
         gang_id=gang_id,
         pipeline=pipeline,
@@ -156,4 +195,13 @@ def resolve_gang(
         ),
         args=dict(config.get("args") or {}),
         checkpoint_optional=bool(checkpoint.get("optional", False)),
+        image=config.get("image") or None,
+        cpu=_quantity(resources.get("cpu")),
+        memory=_quantity(resources.get("memory")),
+        code_path=code.get("path") or None,
+        image_code_path=code.get("image_path") or None,
     )
+
+
+def _quantity(value: Any) -> str | None:
+    return None if value in (None, "") else str(value)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tideflow.steps.code import with_code_path
 from tideflow.steps.commands import resolve_command
 from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV, StepContext
 from tideflow.steps.process import StreamedProcess
@@ -54,12 +55,14 @@ def run_entrypoint(
     step: str,
     on_line: Callable[[str], None],
     on_start: Callable[[StreamedProcess], None] | None = None,
+    code_path: str | None = None,
 ) -> dict[str, Any]:
     """Run ``entrypoint`` in its own process group; return its outputs mapping.
 
     Every line the child prints goes to ``on_line``; ``on_start`` gets the child
-    so that a caller can stop it (Airflow's ``on_kill``). A non-zero exit raises
-    ``StepError`` with the child's last lines.
+    so that a caller can stop it (Airflow's ``on_kill``). ``code_path`` (the
+    pipeline's ``code.path``, resolved) goes first on the child's ``PYTHONPATH``.
+    A non-zero exit raises ``StepError`` with the child's last lines.
     """
     with tempfile.TemporaryDirectory(prefix="tideflow-step-") as scratch:
         files = {name: Path(scratch) / f"{name}.json" for name in ("context", "args", "out")}
@@ -67,7 +70,7 @@ def run_entrypoint(
         files["args"].write_text(json.dumps(args, default=str), encoding="utf-8")
         child_env = {
             **os.environ,
-            **{k: str(v) for k, v in env.items()},
+            **with_code_path({k: str(v) for k, v in env.items()}, code_path),
             CONTEXT_ENV: str(files["context"]),
             ARGS_ENV: str(files["args"]),
             OUTPUTS_ENV: str(files["out"]),
