@@ -120,7 +120,13 @@ class Jobs:
                         "generateName": f"{meta['name']}-{index}-",
                         "namespace": meta["namespace"],
                         "labels": labels,
-                        "annotations": {INDEX_KEY: str(index)},
+                        # The template's annotations, then the index (pkg/controller/
+                        # controller_utils.go GetPodFromTemplate; job/indexed_job_utils.go
+                        # addCompletionIndexAnnotation).
+                        "annotations": {
+                            **((template.get("metadata") or {}).get("annotations") or {}),
+                            INDEX_KEY: str(index),
+                        },
                         "ownerReferences": controller_owner(job),
                     },
                     "spec": pod_spec,

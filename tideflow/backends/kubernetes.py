@@ -125,6 +125,10 @@ def gang_object(job: GangJob, settings: KubeSettings, *, restarts_used: int = 0)
         team=job.team,
         priority=job.priority,
         max_restarts=job.max_restarts,
+        image=job.image,
+        cpu=job.cpu,
+        memory=job.memory,
+        step_files=dict(job.step_files),
     )
     kind = gang_kind(settings.gang_scheduler)
     if restarts_used:

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
     from tideflow.gangs.resolved import resolve_gang
     from tideflow.kube.client import connect
     from tideflow.kube.settings import settings_from_json
+    from tideflow.steps.context import StepContext
     from tideflow.steps.standalone import (
         BAD_ARGUMENTS,
         build_parser,
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
     parser.add_argument("--owner-uid", help="its uid")
     args = parser.parse_args(argv)
     try:
-        config, _params = read_step(args)
+        config, params = read_step(args)
         settings = settings_from_json(args.kube_settings)
         gang = resolve_gang(
             pipeline=args.pipeline,
@@ -121,7 +122,18 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
                 "TIDEFLOW_TEAM": args.team,
                 "TIDEFLOW_RUN_ID": args.run_id,
                 "TIDEFLOW_STEP": args.step,
-            }
+            },
+            # The step's context files in the pods, as a data-prep step gets them.
+            context=StepContext(
+                pipeline=args.pipeline,
+                team=args.team,
+                step=args.step,
+                dag_id=args.pipeline,
+                run_id=args.run_id,
+                try_number=args.attempt + 1,
+                artifact_root=settings.artifact_root,
+                params=params,
+            ),
         )
     except (*BAD_ARGUMENTS, StoreRootError) as exc:
         print(f"tideflow: step '{args.step}': bad arguments: {exc}", file=sys.stderr)

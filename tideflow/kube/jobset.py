@@ -34,6 +34,7 @@ from tideflow.kube.volcano import (
     KubeSettings,
     gang_labels,
     gang_pod_spec,
+    step_file_annotations,
 )
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -47,6 +48,9 @@ def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[
     # Pod host names are <jobset>-<replicated job>-<job index>-<pod index>.<subdomain>.
     master = f"{name}-{REPLICATED_JOB}-0-0.{name}"
     pod_spec = gang_pod_spec(shape, settings, master_addr=master, index=JOBSET, run_id=gang_id)
+    template_meta: dict[str, Any] = {"labels": {**labels, **MLFLOW_CLIENT_LABELS}}
+    if shape.step_files:  # the step's context files, made by the pod's downward-API volume
+        template_meta["annotations"] = step_file_annotations(shape)
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "parallelism": shape.workers,
@@ -71,7 +75,7 @@ def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[
                 },
             ]
         },
-        "template": {"metadata": {"labels": {**labels, **MLFLOW_CLIENT_LABELS}}, "spec": pod_spec},
+        "template": {"metadata": template_meta, "spec": pod_spec},
     }
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",

@@ -167,7 +167,10 @@ def task_pod(task: TaskPlan, settings: KubeSettings, inventory: Inventory | None
     Data prep runs on its pool with the resources it declares; an evaluation
     on the device it prefers (a spare GPU at the lowest priority, so it is
     the first pod preempted); a gang step's pod and a promotion only talk to
-    APIs, on the CPU pool. The container is Airflow's ``base``.
+    APIs, on the CPU pool. The container is Airflow's ``base``, in the step's
+    image when the step or the pipeline names one (it runs the task, so it has
+    Airflow and tideflow as the worker image does); a gang step's pod only submits
+    the gang, whose workers get the image, so it keeps Airflow's.
     """
     config = task.config
     requests = {"cpu": TASK_CPU, "memory": TASK_MEMORY}
@@ -190,6 +193,8 @@ def task_pod(task: TaskPlan, settings: KubeSettings, inventory: Inventory | None
         "env": [{"name": "TIDEFLOW_DEVICE_CLASS", "value": place.device_class}],
         "securityContext": restricted(),
     }
+    if task.image and task.kind != "gang_training":
+        container["image"] = task.image
     spec = place.apply({"securityContext": restricted_pod(), "containers": [container]})
     labels = {"tideflow.io/step-kind": task.kind, **MLFLOW_CLIENT_LABELS}
     return {"metadata": {"labels": labels}, "spec": spec}

@@ -16,6 +16,11 @@
   ``MASTER_ADDR``. Each pod gets torchrun's environment, its ``RANK`` from the
   task index Volcano writes on it (``tideflow.kube.torchrun``); the ``env``
   plugin's ``VC_TASK_INDEX`` is the same number.
+* Each worker runs in the step's image (else the platform's), asks for its
+  devices and the step's per-worker CPU and memory (memory is also its limit),
+  and gets the step's context and args as files (``$TIDEFLOW_STEP_CONTEXT``,
+  ``$TIDEFLOW_STEP_ARGS``) made by a downward-API volume from its template's
+  annotations, so the image needs no tideflow for them.
 * Pods meet the "restricted" Pod Security Standard, get a termination grace
   long enough to write a checkpoint, and read store credentials from a Secret.
   They run as the gang ServiceAccount with no API token mounted, and carry the
@@ -24,7 +29,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tideflow.kube.names import dns_label
@@ -37,6 +42,8 @@ from tideflow.kube.pods import (
     store_env,
 )
 from tideflow.kube.torchrun import VOLCANO, WorkerIndex, torchrun_env
+from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV
+from tideflow.steps.entrypoints import ARGS_ENV
 
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
 EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
@@ -45,6 +52,16 @@ EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
 EXIT_SIGTERM = 143
 # How many restarts the earlier incarnations of a replaced (preempted) gang used up.
 RESTARTS_USED = "tideflow.io/restarts-used"
+# The step's context files in a worker pod: annotations of the pod template, made files
+# by a downward-API volume (no tideflow needed in the image to write them).
+STEP_FILES_DIR = "/etc/tideflow/step"
+STEP_FILES_VOLUME = "tideflow-step"
+STEP_FILE_ANNOTATIONS = {
+    "context.json": "tideflow.io/step-context",
+    "args.json": "tideflow.io/step-args",
+}
+STEP_FILE_ENV = {"context.json": CONTEXT_ENV, "args.json": ARGS_ENV}
+STEP_OUTPUTS_FILE = "/tmp/tideflow-step-outputs.json"  # the pod's own: one per rank
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,32 @@ class GangShape:
     team: str
     priority: int
     max_restarts: int
+    image: str | None = None  # None: the platform's (``KubeSettings.image``)
+    cpu: str | None = None  # per worker, besides its devices
+    memory: str | None = None
+    step_files: dict[str, str] = field(default_factory=dict)  # context.json, args.json
+
+
+def step_file_annotations(shape: GangShape) -> dict[str, str]:
+    """The pod template's annotations that carry the step's context files."""
+    return {STEP_FILE_ANNOTATIONS[name]: text for name, text in sorted(shape.step_files.items())}
+
+
+def _step_files(shape: GangShape) -> tuple[list[dict[str, str]], dict[str, Any] | None]:
+    """The step-context variables and the downward-API volume that makes their files."""
+    if not shape.step_files:
+        return [], None
+    names = sorted(shape.step_files)
+    env = [{"name": STEP_FILE_ENV[n], "value": f"{STEP_FILES_DIR}/{n}"} for n in names]
+    env.append({"name": OUTPUTS_ENV, "value": STEP_OUTPUTS_FILE})
+    items = [
+        {
+            "path": name,
+            "fieldRef": {"fieldPath": f"metadata.annotations['{STEP_FILE_ANNOTATIONS[name]}']"},
+        }
+        for name in names
+    ]
+    return env, {"name": STEP_FILES_VOLUME, "downwardAPI": {"items": items}}
 
 
 def gang_labels(shape: GangShape, gang_id: str) -> dict[str, str]:
@@ -124,15 +167,22 @@ def gang_pod_spec(
     index: WorkerIndex,
     run_id: str,
 ) -> dict[str, Any]:
-    """One worker's pod: its devices, torchrun's environment (the rank from ``index``),
-    restricted security, grace to checkpoint."""
+    """One worker's pod: its devices, CPU and memory, torchrun's environment (the rank
+    from ``index``), the step's context files, restricted security, grace to checkpoint."""
+    files_env, files_volume = _step_files(shape)
     resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
     resource = DEVICE_RESOURCES.get(shape.device_class)
     if resource:
         resources["requests"][resource] = str(shape.devices_per_worker)
         resources["limits"][resource] = str(shape.devices_per_worker)
-    else:
+        if shape.cpu is not None:
+            resources["requests"]["cpu"] = shape.cpu
+    else:  # a cpu gang's devices are its cores
         resources["requests"]["cpu"] = str(shape.devices_per_worker)
+    if shape.memory is not None:
+        # A CPU limit would throttle; memory is limited so one worker cannot starve a node.
+        resources["requests"]["memory"] = shape.memory
+        resources["limits"]["memory"] = shape.memory
     env = [
         *torchrun_env(
             index=index,
@@ -143,13 +193,14 @@ def gang_pod_spec(
             run_id=run_id,
         ),
         {"name": "TIDEFLOW_DEVICE_CLASS", "value": shape.device_class},
+        *files_env,
         # Where rank 0 reports and artifacts go, unless the step's env says otherwise.
         *(variable for variable in store_env(settings) if variable["name"] not in shape.env),
         *({"name": k, "value": v} for k, v in shape.env.items()),
     ]
     container: dict[str, Any] = {
         "name": "worker",
-        "image": settings.image,
+        "image": shape.image or settings.image,
         "command": list(shape.command),
         "env": env,
         "resources": resources,
@@ -158,6 +209,10 @@ def gang_pod_spec(
     }
     if settings.store_secret:
         container["envFrom"] = [{"secretRef": {"name": settings.store_secret}}]
+    if files_volume is not None:
+        container["volumeMounts"] = [
+            {"name": STEP_FILES_VOLUME, "mountPath": STEP_FILES_DIR, "readOnly": True}
+        ]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": settings.gang_service_account,
         "automountServiceAccountToken": False,  # workers never call the Kubernetes API
@@ -171,12 +226,22 @@ def gang_pod_spec(
         },
         "containers": [container],
     }
+    if files_volume is not None:
+        pod_spec["volumes"] = [files_volume]
     if shape.model and shape.device_class in MODEL_LABELS:
         pod_spec["nodeSelector"] = {
             MODEL_LABELS[shape.device_class]: settings.model_label(shape.model)
         }
     # The gang's pool (GPU gangs: the broker's training pool) and its taint.
     return placement(shape.device_class, settings).apply(pod_spec)
+
+
+def _template_metadata(shape: GangShape, labels: dict[str, str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": {**labels, **MLFLOW_CLIENT_LABELS}}
+    annotations = step_file_annotations(shape)
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
 
 
 def volcano_max_retry(max_restarts: int) -> int:
@@ -237,7 +302,7 @@ def gang_volcano_job(
                     "name": "worker",
                     "replicas": shape.workers,
                     "template": {
-                        "metadata": {"labels": {**labels, **MLFLOW_CLIENT_LABELS}},
+                        "metadata": _template_metadata(shape, labels),
                         "spec": pod_spec,
                     },
                 }

@@ -75,12 +75,14 @@ def container_step(
     command: Sequence[str] = EXECUTOR,
     service_account: str | None = None,
     reports_to_mlflow: bool = True,
+    image: str | None = None,
 ) -> StepTemplate:
     """The executor's container (or ``command``'s), placed on ``where`` (a device or pool
-    class) and restricted; with a token of ``service_account`` only where one is named."""
+    class) and restricted; with a token of ``service_account`` only where one is named.
+    ``image``: the step's (None: the platform's, ``KubeSettings.image``)."""
     place = placement(where, ctx.settings)
     container: dict[str, Any] = {
-        "image": ctx.settings.image,
+        "image": image or ctx.settings.image,
         "command": list(command),
         "args": args,
         "env": [

@@ -14,6 +14,7 @@ from tideflow.kube.volcano import KubeSettings
 from tideflow.spec.errors import SpecIssue
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.yamlpos import Path, Positions, format_path
+from tideflow.steps.code import with_code_path
 from tideflow.steps.standalone import EVALUATION_OUTPUTS, GANG_OUTPUTS, PROMOTION_OUTPUTS
 
 
@@ -61,6 +62,11 @@ class CompileContext:
         if task.kind == "gang_training":
             return GANG_OUTPUTS
         return ()
+
+    def code_env(self, env: dict[str, str]) -> dict[str, str]:
+        """A user step's ``env`` with the image's copy of the pipeline's code
+        (``code.image_path``) first on PYTHONPATH."""
+        return with_code_path(env, self.plan.code_image_path, {})
 
     def index_of(self, name: str) -> int:
         return next(i for i, t in enumerate(self.plan.tasks) if t.task_id == name)

@@ -34,8 +34,9 @@ def data_prep_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTempl
         inputs,
         args,
         where=pool_class,
-        env=step_env(ctx, task, base, inputs),
+        env=ctx.code_env(step_env(ctx, task, base, inputs)),
         requests={"cpu": str(resources["cpu"]), "memory": str(resources["memory"])},
         limits={"memory": str(resources["memory"])},
         outputs=tuple(config["outputs"]),
+        image=task.image,
     )

@@ -29,7 +29,7 @@ def evaluation_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemp
     doc = {k: config[k] for k in ("entrypoint", "args", "metrics")}
     args = executor_args(ctx, task, doc, base, inputs, extra=extra)
     env = {
-        **step_env(ctx, task, base, inputs),
+        **ctx.code_env(step_env(ctx, task, base, inputs)),
         "TIDEFLOW_DEVICE_CLASS": place.device_class,
         "TIDEFLOW_EMULATED": "0",
     }
@@ -44,4 +44,5 @@ def evaluation_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemp
         requests={"cpu": STEP_CPU, "memory": STEP_MEMORY, **devices},
         limits={"memory": STEP_MEMORY, **devices},
         outputs=ctx.outputs_of(task),
+        image=task.image,
     )

@@ -87,7 +87,14 @@ def gang_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemplate |
         "--owner-uid",
         WORKFLOW_UID,
     ]
-    args = executor_args(ctx, task, dict(config), base, inputs, extra=extra)
+    # The gang's workers run in the step's image with the pipeline's code from it; the
+    # driver itself is tideflow's and runs in the platform's image.
+    doc = dict(config)
+    if task.image:
+        doc["image"] = task.image
+    if ctx.plan.code_image_path:
+        doc["code"] = {"image_path": ctx.plan.code_image_path}
+    args = executor_args(ctx, task, doc, base, inputs, extra=extra)
     return container_step(
         ctx,
         task,

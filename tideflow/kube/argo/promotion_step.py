@@ -44,8 +44,9 @@ def promotion_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTempl
         inputs,
         args,
         where="cpu",
-        env={},
+        env=ctx.code_env({}),  # the builder imports the pipeline's modules
         requests={"cpu": STEP_CPU, "memory": STEP_MEMORY},
         limits={"memory": STEP_MEMORY},
         outputs=PROMOTION_OUTPUTS,
+        image=task.image,
     )
