@@ -68,7 +68,8 @@ def test_validate_with_cluster_file_checks_gang_fit(tmp_path: Path) -> None:
         "big.yaml:8:16: steps[0].gang_training.workers: 3 workers x 8 H100 gpu can never"
         in done.stderr
     )
-    assert tideflow("validate", "big.yaml", cwd=tmp_path).returncode == 0  # no inventory given
+    # no inventory given (and the made-up entry point m:f not imported)
+    assert tideflow("validate", "big.yaml", "--no-imports", cwd=tmp_path).returncode == 0
 
 
 def test_bad_cluster_file_is_reported_with_location(tmp_path: Path, repo: Path) -> None:

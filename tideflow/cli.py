@@ -18,7 +18,8 @@ from tideflow import __version__
 from tideflow.compile.dag_plan import compile_dag_plan, topological_order
 from tideflow.config import Settings
 from tideflow.inventory import Inventory, detect_local, load_cluster
-from tideflow.spec import SpecError, find_pipelines, load_pipeline
+from tideflow.spec import PipelineSpec, SpecError, SpecIssue, find_pipelines, load_pipeline
+from tideflow.spec.loader import display_path
 from tideflow.spec.params import ParamValueError, parse_param_overrides
 
 
@@ -40,16 +41,47 @@ def cmd_validate(args: argparse.Namespace) -> int:
             return 1
         files.extend(found)
     failed = 0
-    roots = Settings.from_env().checkpoint_roots_for
+    settings = Settings.from_env()
+    target = args.target or settings.backend
     for file in files:
         try:
-            load_pipeline(file, inventory, roots)
+            spec = load_pipeline(file, inventory, settings.checkpoint_roots_for)
         except SpecError as exc:
             failed += 1
             print(exc, file=sys.stderr)
+            continue
+        errors, warnings = _deeper_checks(spec, file, imports=args.imports, target=target)
+        for warning in warnings:
+            print(warning, file=sys.stderr)
+        if errors:
+            failed += 1
+            print(SpecError(display_path(file), errors), file=sys.stderr)
     ok = len(files) - failed
     print(f"{ok} of {len(files)} pipeline file(s) valid", file=sys.stderr if failed else sys.stdout)
     return 1 if failed else 0
+
+
+CLUSTER_TARGETS = ("kubernetes", "argo")
+
+
+def _deeper_checks(
+    spec: PipelineSpec, file: Path, *, imports: bool, target: str
+) -> tuple[list[SpecIssue], list[SpecIssue]]:
+    """What ``validate`` checks beyond the file itself: problems, then warnings.
+
+    Problems: ``module:function`` entry points that do not import with the
+    pipeline's code (``imports``). Warnings, for a cluster ``target``: paths of
+    this machine the steps would carry into pods.
+    """
+    from tideflow.spec.cluster_paths import local_path_warnings
+    from tideflow.spec.yamlpos import load_yaml
+    from tideflow.steps.imports import import_issues
+
+    shown = display_path(file)
+    positions = load_yaml(file.read_text(encoding="utf-8"), shown).positions
+    errors = import_issues(spec, shown, positions) if imports else []
+    warnings = local_path_warnings(spec, shown, positions) if target in CLUSTER_TARGETS else []
+    return errors, sorted(warnings)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -83,6 +115,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(plan.as_dict(), indent=2, sort_keys=True, default=str))
         return 0
     print(f"pipeline {plan.dag_id} (team {plan.team}), schedule: {plan.schedule or 'manual'}")
+    if spec.code is not None:
+        where = f"package {spec.code.package}" if spec.code.package else f"{plan.code_path}"
+        inside = f" (in the image: {spec.code.image_path})" if spec.code.image_path else ""
+        print(f"code: {where}{inside}")
     if plan.params:
         print("params:")
         for name, param in plan.params.items():
@@ -101,10 +137,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"     resources: cpu {res['cpu']}, memory {res['memory']}")
         elif task.kind == "gang_training":
             print(f"     gang: {_gang_summary(config, inventory)}")
+            res = config.get("resources") or {}
+            if res.get("cpu") is not None or res.get("memory") is not None:
+                asked = [f"{k} {res[k]}" for k in ("cpu", "memory") if res.get(k) is not None]
+                print(f"     per worker: {', '.join(asked)}")
         elif task.kind == "evaluation":
             print(f"     devices (preference): {', '.join(config['devices'])}")
         elif task.kind == "promote_checkpoint":
             print(f"     model {config['model']} -> alias {config['alias']}")
+        if task.image:
+            print(f"     image (cluster): {task.image}")
     return 0
 
 
@@ -128,6 +170,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from tideflow.argo import compile_pipeline, render_cron, write
 
     inventory = _inventory(args.cluster)
+    pipeline = Path(args.pipeline)
+    spec = load_pipeline(pipeline, inventory)
+    _, warnings = _deeper_checks(spec, pipeline, imports=False, target="argo")
+    for warning in warnings:
+        print(warning, file=sys.stderr)
     if args.output:
         for target in write(args.pipeline, args.output, settings=settings, inventory=inventory):
             print(f"wrote {target}")
@@ -295,6 +342,37 @@ def _kubernetes_broker(settings: Any, journal: Path) -> tuple[Any, Any, Any, Any
     return load_source_from(settings.load), actuator, config, DecisionJournal(journal)
 
 
+def _add_validate(sub: Any) -> None:
+    validate = sub.add_parser(
+        "validate",
+        help="check pipeline files; exit 1 on any error",
+        description="Validate pipeline files or directories of them. "
+        "Every problem of every file is reported as file:line:col. Module entry points "
+        "(module:function, the promotion's builder too) must import here with the "
+        "pipeline's code (code.path); for a cluster target, paths of this machine that "
+        "the steps would carry into pods are warned about.",
+    )
+    validate.add_argument("paths", nargs="+", metavar="PATH")
+    validate.add_argument(
+        "--cluster",
+        help="cluster inventory file for the gang-fit check (default: $TIDEFLOW_CLUSTER_FILE)",
+    )
+    validate.add_argument(
+        "--target",
+        choices=["local", *CLUSTER_TARGETS],
+        help="where the pipeline runs: this machine, a Kubernetes cluster (Airflow) or Argo; "
+        "a cluster target warns about local paths carried into pods "
+        "(default: $TIDEFLOW_BACKEND, local)",
+    )
+    validate.add_argument(
+        "--no-imports",
+        dest="imports",
+        action="store_false",
+        help="do not import the module entry points (no check that they import here)",
+    )
+    validate.set_defaults(func=cmd_validate)
+
+
 def _add_compile(sub: Any) -> None:
     compile_ = sub.add_parser(
         "compile",
@@ -326,18 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tideflow {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    validate = sub.add_parser(
-        "validate",
-        help="check pipeline files; exit 1 on any error",
-        description="Validate pipeline files or directories of them. "
-        "Every problem of every file is reported as file:line:col.",
-    )
-    validate.add_argument("paths", nargs="+", metavar="PATH")
-    validate.add_argument(
-        "--cluster",
-        help="cluster inventory file for the gang-fit check (default: $TIDEFLOW_CLUSTER_FILE)",
-    )
-    validate.set_defaults(func=cmd_validate)
+    _add_validate(sub)
 
     schema = sub.add_parser(
         "schema",
