@@ -197,3 +197,29 @@ def test_the_backend_setting_is_the_default_target_and_compile_warns_too(
         f"'{tmp_path}/train.py' is a path on this machine; pods do not have it; "
     )
     assert (tmp_path / "out" / "argo.workflowtemplate.yaml").exists()
+
+
+def test_plan_shows_the_code_images_and_per_worker_resources(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "p.yaml").write_text(
+        textwrap.dedent("""\
+        apiVersion: tideflow/v1
+        kind: Pipeline
+        metadata: {name: plan, team: qa}
+        code: {path: src, image_path: /opt/src}
+        image: registry.example.com/qa/base:1
+        steps:
+          - name: train
+            image: registry.example.com/qa/train:2
+            gang_training:
+              entrypoint: [python, -m, qa.train]
+              workers: 2
+              device: {class: gpu}
+              resources: {cpu: 6, memory: 48Gi}
+        """)
+    )
+    done = tideflow("plan", "p.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"code: {tmp_path / 'src'} (in the image: /opt/src)" in done.stdout
+    assert "     per worker: cpu 6, memory 48Gi" in done.stdout
+    assert "     image (cluster): registry.example.com/qa/train:2" in done.stdout
