@@ -17,6 +17,10 @@ def _home() -> Path:
 
 BACKENDS = ("local", "kubernetes")
 
+# Where a gang worker's runtime records its training progress (the step it last
+# reached): the supervisor reads it to tell a deterministic failure from a flaky one.
+PROGRESS_FILE_ENV = "TIDEFLOW_PROGRESS_FILE"
+
 
 def _backend() -> str:
     backend = os.environ.get("TIDEFLOW_BACKEND", "local")

@@ -3,7 +3,8 @@
 ``python -m tideflow.backends.local_supervisor GANG_DIR`` (started by
 ``LocalBackend``). torchrun semantics: if any worker dies, the whole gang is
 stopped and started again (from the newest committed checkpoint, which the
-training runtime finds by itself), up to ``max_restarts`` times.
+training runtime finds by itself), up to ``max_restarts`` times, unless the
+restart failed exactly as the attempt before it (``tideflow.backends.failures``).
 
 Exit codes of workers that mean something here:
   75  preempted after committing a checkpoint: resumable, never restarted here
@@ -24,7 +25,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+from tideflow.backends.failures import FailureSignature, first_cause, is_deterministic, signature
 from tideflow.backends.protocol import GangJob, GangState, GangStatus, WorkerSlot
+from tideflow.config import PROGRESS_FILE_ENV
 
 EXIT_PREEMPTED = 75
 EXIT_UNHEALTHY = 76
@@ -94,6 +97,9 @@ class Supervisor:
         self.next_renewal = 0.0
         self.log_lock = threading.Lock()
         self.gang_log = open(directory / "gang.log", "a", encoding="utf-8")  # noqa: SIM115
+        self.pumps: list[threading.Thread] = []
+        self.log_offsets: dict[int, int] = {}  # where each rank's log of this attempt starts
+        self.last_failure: FailureSignature | None = None
 
     def event(self, text: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
@@ -133,14 +139,24 @@ class Supervisor:
                 own.flush()
                 self.log_line(f"[rank {rank}] {text}")
 
+    def progress_path(self, rank: int) -> Path:
+        return self.directory / f"progress-rank-{rank}.json"
+
     def launch(self) -> None:
         port = free_port()
         self.workers = []
+        self.pumps = []
         self.attempt_started = time.time()
         for slot in self.job.slots:
+            # a progress file left by the last attempt would be read as this one's
+            self.progress_path(slot.rank).unlink(missing_ok=True)
+            log = self.directory / f"rank-{slot.rank}.log"
+            self.log_offsets[slot.rank] = log.stat().st_size if log.exists() else 0
+            env = worker_env(self.job, slot, port, self.restarts)
+            env[PROGRESS_FILE_ENV] = str(self.progress_path(slot.rank))
             process = subprocess.Popen(
                 list(self.job.command),
-                env=worker_env(self.job, slot, port, self.restarts),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -150,9 +166,11 @@ class Supervisor:
                 start_new_session=True,
             )
             assert process.stdout is not None
-            threading.Thread(
+            pump = threading.Thread(
                 target=self._pump, args=(slot.rank, process.stdout), daemon=True
-            ).start()
+            )
+            pump.start()
+            self.pumps.append(pump)
             self.workers.append(process)
         pids = ", ".join(
             f"rank {s.rank}: pid {w.pid}" for s, w in zip(self.job.slots, self.workers, strict=True)
@@ -216,6 +234,58 @@ class Supervisor:
 
             assert isinstance(ledger, LeaseLedger)
             ledger.release(self.job.lease_id)
+
+    def _restart_or_fail(self, failed: list[tuple[int, int]]) -> GangState | None:
+        """Stop the gang after ``failed``; restart it (None) or end it failed."""
+        rank, code = failed[0]
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        self.event(f"rank {rank} died ({how}); stopping the whole gang")
+        self.stop_all(STOP_GRACE_S)
+        failure = self.failure(failed)
+        if is_deterministic(self.last_failure, failure):
+            left = self.job.max_restarts - self.restarts
+            self.event(
+                f"the restart failed the same way ({failure.describe()}): "
+                f"not using the {left} restart(s) left"
+            )
+            self.write_status(
+                GangState.FAILED,
+                f"{failure.describe()} on two attempts in a row; a restart would fail "
+                "again, so the gang stopped (see the rank's log for the traceback)",
+            )
+            return GangState.FAILED
+        self.last_failure = failure
+        if self.restarts >= self.job.max_restarts:
+            self.write_status(
+                GangState.FAILED,
+                f"rank {rank} died ({how}) and max_restarts={self.job.max_restarts} is used up",
+            )
+            return GangState.FAILED
+        self.restarts += 1
+        self.event(
+            f"restart {self.restarts} of {self.job.max_restarts}: relaunching; "
+            f"{self.resume_point()}"
+        )
+        self.launch()
+        return None
+
+    def failure(self, failed: list[tuple[int, int]]) -> FailureSignature:
+        """This attempt's failure, from its first failed ranks' logs and progress."""
+        for pump in self.pumps:  # the last lines of the dead workers' output
+            pump.join(timeout=2.0)
+        codes = dict(failed)
+        for slot, worker in zip(self.job.slots, self.workers, strict=True):
+            code = worker.poll()
+            if code is not None and code > 0:  # also died by itself while we stopped the rest
+                codes.setdefault(slot.rank, code)
+        signatures = []
+        for rank, code in sorted(codes.items()):
+            log = self.directory / f"rank-{rank}.log"
+            with open(log, encoding="utf-8", errors="replace") as handle:
+                handle.seek(self.log_offsets.get(rank, 0))
+                text = handle.read()
+            signatures.append(signature(rank, code, text, self.progress_path(rank)))
+        return first_cause(signatures)
 
     def resume_point(self) -> str:
         """Where the relaunched workers will resume, as the store shows it now."""
@@ -290,7 +360,6 @@ class Supervisor:
             if not failed:
                 continue
             rank, code = failed[0]
-            how = f"signal {-code}" if code < 0 else f"exit code {code}"
             if code == EXIT_UNHEALTHY:
                 self.stop_all(STOP_GRACE_S)
                 self.event(f"rank {rank} stopped by the training-health guard")
@@ -300,20 +369,9 @@ class Supervisor:
                     "see the worker log for the step and value",
                 )
                 return GangState.FAILED
-            self.event(f"rank {rank} died ({how}); stopping the whole gang")
-            self.stop_all(STOP_GRACE_S)
-            if self.restarts >= self.job.max_restarts:
-                self.write_status(
-                    GangState.FAILED,
-                    f"rank {rank} died ({how}) and max_restarts={self.job.max_restarts} is used up",
-                )
-                return GangState.FAILED
-            self.restarts += 1
-            self.event(
-                f"restart {self.restarts} of {self.job.max_restarts}: relaunching; "
-                f"{self.resume_point()}"
-            )
-            self.launch()
+            ended = self._restart_or_fail(failed)
+            if ended is not None:
+                return ended
 
 
 def main(argv: list[str]) -> int:

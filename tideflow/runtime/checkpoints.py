@@ -35,6 +35,7 @@ no-ops apart from the guard and SIGTERM handling.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -52,6 +53,7 @@ from tideflow.runtime.distributed import DistInfo
 from tideflow.runtime.health import HealthGuard, TrainingUnhealthy
 from tideflow.runtime.metrics import MetricsLogger
 from tideflow.runtime.preemption import EXIT_PREEMPTED, EXIT_UNHEALTHY, PreemptionWatcher
+from tideflow.runtime.progress import ProgressFile
 from tideflow.runtime.sampler import ResumableDistributedSampler, ResumableSampler
 from tideflow.runtime.seeding import rng_state, set_rng_state
 
@@ -160,6 +162,9 @@ class Checkpoints:
                 manager, self.dist, on_commit=self.metrics.log_checkpoint
             )
         self._last_save_time = time.monotonic()
+        self.progress = ProgressFile()
+        self.step = 0  # the last step offered to save()
+        self._install_excepthook()
 
     # -- resuming -----------------------------------------------------------------
     def restore(self) -> int:
@@ -203,6 +208,8 @@ class Checkpoints:
         committed and the process exits 75; when the guard trips, 76 (no save).
         With ``exit_on_stop=False`` it returns instead and ``should_stop()`` is True.
         """
+        self.step = step
+        self.progress.record(step)
         values = {k: float(v) for k, v in (metrics or {}).items()}
         self.latest_metrics.update(values)
         if values:
@@ -247,6 +254,18 @@ class Checkpoints:
         return self.exit_code is not None
 
     # -- internals ------------------------------------------------------------------
+    def _install_excepthook(self) -> None:
+        """Record the step an escaping exception failed at, exactly (the supervisor
+        compares it across restarts to spot a failure that will only repeat)."""
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+            with contextlib.suppress(OSError):
+                self.progress.record(self.step, force=True)
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
+
     def _agree(self, *flags: bool) -> tuple[bool, ...]:
         """Each flag, True on every rank if it is True on any (one small all-reduce)."""
         if self.dist.backend is None:

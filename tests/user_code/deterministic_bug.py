@@ -1,0 +1,48 @@
+"""A DDP script with a bug that hits rank 1 at the same step on every attempt.
+
+    python deterministic_bug.py --bad-step 12 [--only-first-attempt]
+
+With ``--only-first-attempt`` the bug hits the first attempt only (a flaky
+failure: a restart cures it).
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import tideflow
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bad-step", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--only-first-attempt", action="store_true")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    ckpt = tideflow.checkpoints(model=model, optimizer=optimizer)
+    step = ckpt.restore()
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    while step < args.steps:
+        if rank == 1 and step == args.bad_step and (first_attempt or not args.only_first_attempt):
+            raise ValueError(f"bad record in shard {step}")
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        ckpt.save(step, metrics={"loss": loss.item()})
+    ckpt.finish(step)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

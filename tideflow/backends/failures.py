@@ -1,0 +1,94 @@
+"""How a gang attempt failed, to tell a deterministic failure from a flaky one.
+
+A restart helps when a worker died of something outside the code (a node, a
+flaky network, a kill). When a restart fails again on the same rank, at the
+same training step, with the same exception type, it will fail the same way
+on every attempt, and the restarts left would only be burned. The supervisor
+compares each failed attempt's signature with the one before and fails the
+gang at once when they match. Preemptions never get here: they are not
+failures.
+
+The step is what the worker's runtime last recorded in its progress file
+(``tideflow.checkpoints().save`` writes it); the exception type is read from
+the last traceback in the rank's log of that attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The line that ends a Python traceback: "ValueError: ...", "pkg.mod.Error: ..." or a bare name.
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(:|$)")
+# torch.distributed prefixes a worker's uncaught traceback with its rank.
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+# What a rank raises when a peer died first: a consequence, not the cause.
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "remote worker crashing",
+    "DistBackendError",
+    "DistNetworkError",
+    "NCCL communicator was aborted",
+)
+
+
+@dataclass(frozen=True)
+class FailureSignature:
+    rank: int
+    step: int | None  # the last step its runtime recorded; None if it records none
+    cause: str  # the exception type, or "signal N" / "exit code N"
+    peer_lost: bool = field(default=False, compare=False)  # it died because a peer did
+
+    def describe(self) -> str:
+        at = f" at step {self.step}" if self.step is not None else ""
+        return f"rank {self.rank}: {self.cause}{at}"
+
+
+def last_exception(log_text: str) -> tuple[str, str] | None:
+    """(type, its line) of the last traceback's exception in ``log_text``, if any."""
+    start = log_text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    for raw in log_text[start:].splitlines()[1:]:
+        line = _RANK_PREFIX.sub("", raw)
+        if not line or line[0].isspace():
+            continue
+        match = _EXCEPTION_LINE.match(line)
+        if match:
+            return match.group(1), line
+    return None
+
+
+def progress_step(path: Path) -> int | None:
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def signature(rank: int, code: int, log_text: str, progress: Path) -> FailureSignature:
+    """The signature of rank ``rank`` dying with ``code`` (negative: a signal)."""
+    found = last_exception(log_text) if code > 0 else None
+    if found is None:
+        cause = f"signal {-code}" if code < 0 else f"exit code {code}"
+        return FailureSignature(rank, progress_step(progress), cause)
+    kind, line = found
+    lost = any(marker in line for marker in PEER_LOST)
+    return FailureSignature(rank, progress_step(progress), kind, peer_lost=lost)
+
+
+def first_cause(signatures: list[FailureSignature]) -> FailureSignature:
+    """The failure that caused the others: the first rank not dying of a lost peer."""
+    return next((s for s in signatures if not s.peer_lost), signatures[0])
+
+
+def is_deterministic(previous: FailureSignature | None, current: FailureSignature) -> bool:
+    """The same failure twice in a row: same rank, same step, same cause.
+
+    A step is required: without one, two failures of the same kind may still be
+    far apart in training (a flaky read, an out-of-memory now and then).
+    """
+    return previous is not None and current.step is not None and previous == current
