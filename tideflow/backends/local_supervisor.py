@@ -48,7 +48,8 @@ def worker_env(job: GangJob, slot: WorkerSlot, port: int, restarts: int) -> dict
     distributed/elastic/agent/server/local_elastic_agent.py), and tideflow's.
 
     A node is torchrun's group: its workers share LOCAL_WORLD_SIZE, GROUP_RANK
-    is the node's place among the gang's nodes, in slot order.
+    is the node's place among the gang's nodes, in slot order. The step's outputs
+    file (``$TIDEFLOW_STEP_OUTPUTS``) is each rank's own: ``{rank}`` in it is the rank.
     """
     local_ranks = [s.rank for s in job.slots if s.node == slot.node]
     nodes = list(dict.fromkeys(s.node for s in job.slots))
@@ -75,6 +76,10 @@ def worker_env(job: GangJob, slot: WorkerSlot, port: int, restarts: int) -> dict
         "TIDEFLOW_EMULATED": "1" if job.emulated else "0",
         "PYTHONUNBUFFERED": "1",
     }
+    from tideflow.steps.context import OUTPUTS_ENV
+
+    if OUTPUTS_ENV in job.env:  # the step's outputs file: one per rank
+        env[OUTPUTS_ENV] = job.env[OUTPUTS_ENV].replace("{rank}", str(slot.rank))
     variable = _VISIBLE_DEVICES.get(job.device_class)
     if variable:
         # Emulated accelerators must not touch a real device that happens to exist.
