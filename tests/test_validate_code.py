@@ -223,3 +223,26 @@ def test_plan_shows_the_code_images_and_per_worker_resources(tmp_path: Path) -> 
     assert f"code: {tmp_path / 'src'} (in the image: /opt/src)" in done.stdout
     assert "     per worker: cpu 6, memory 48Gi" in done.stdout
     assert "     image (cluster): registry.example.com/qa/train:2" in done.stdout
+
+
+def test_an_evaluation_or_builder_that_cannot_take_tideflows_arguments_is_named(
+    repo: Path,
+) -> None:
+    """The calling convention of tideflow.steps.contracts, checked before any run."""
+    package = repo / "src" / "teamcode"
+    (package / "evaluate.py").write_text("def score(ctx, checkpoint_store, threshold):\n    pass\n")
+    (package / "build.py").write_text(
+        "def log_model(ctx, *, checkpoint_store, checkpoint_step, checkpoint):\n    pass\n"
+    )
+    code, lines = validate(repo)
+    assert code == 1 and lines[0] == "pipelines/imports.yaml: 2 problems"
+    assert lines[1].startswith(
+        "pipelines/imports.yaml:15:30: steps[2].evaluation.entrypoint: 'teamcode.evaluate:score' "
+        "cannot be called as an evaluation: it does not accept keyword argument(s) "
+        "['checkpoint', 'checkpoint_step']"
+    )
+    assert lines[2].startswith(
+        "pipelines/imports.yaml:20:16: steps[3].promote_checkpoint.builder: "
+        "'teamcode.build:log_model' cannot be called as a builder: it does not accept "
+        "keyword argument(s) ['run_id']"
+    )

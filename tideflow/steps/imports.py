@@ -20,10 +20,11 @@ import subprocess
 import sys
 import sysconfig
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from tideflow.spec.errors import SpecIssue
-from tideflow.spec.models import PipelineSpec
+from tideflow.spec.models import Evaluation, PipelineSpec, PromoteCheckpoint
 from tideflow.spec.yamlpos import Path, Positions, format_path
 from tideflow.steps.code import with_code_path
 
@@ -43,20 +44,40 @@ def module_entrypoints(spec: PipelineSpec) -> list[tuple[Path, str]]:
     return found
 
 
+def contract_calls(spec: PipelineSpec) -> list[tuple[str, str, str, list[str]]]:
+    """(field, entry point, role, the step's arg names) of each evaluation and builder:
+    tideflow calls them with the arguments ``tideflow.steps.contracts`` defines."""
+    calls = []
+    for index, step in enumerate(spec.steps):
+        body = step.body
+        if isinstance(body, Evaluation) and isinstance(body.entrypoint, str):
+            path: Path = ("steps", index, step.kind, "entrypoint")
+            calls.append((format_path(path), body.entrypoint, "evaluation", sorted(body.args)))
+        if isinstance(body, PromoteCheckpoint) and isinstance(body.builder, str):
+            path = ("steps", index, step.kind, "builder")
+            calls.append((format_path(path), body.builder, "builder", sorted(body.args)))
+    return calls
+
+
 def import_errors(
     entrypoints: list[str],
     packages: list[str],
     code_path: str | None,
     *,
+    calls: Sequence[tuple[str, str, str, list[str]]] = (),
     timeout_s: float = IMPORT_TIMEOUT_S,
 ) -> dict[str, str]:
-    """For each entry point and package that does not import, why (``Type: message``).
+    """For each entry point and package that does not import, why (``Type: message``);
+    for each of ``calls`` (keyed by its field) whose function cannot take the arguments
+    tideflow passes, why.
 
     The child is this interpreter with ``code_path`` first on ``PYTHONPATH``, as a
     step's process is, started in ``/`` so that the caller's working directory
     (which no step shares) finds nothing.
     """
-    request = json.dumps({"entrypoints": entrypoints, "packages": packages})
+    request = json.dumps(
+        {"entrypoints": entrypoints, "packages": packages, "calls": [list(c) for c in calls]}
+    )
     env = {**os.environ, **with_code_path({}, code_path), "PYTHONDONTWRITEBYTECODE": "1"}
     try:
         done = subprocess.run(
@@ -88,8 +109,12 @@ def import_issues(spec: PipelineSpec, file: str, positions: Positions) -> list[S
         return []
     code_dir = spec.code_dir()
     code_path = str(code_dir) if code_dir is not None else None
+    calls = contract_calls(spec)
     errors = import_errors(
-        sorted({value for _, value in entrypoints}), [package] if package else [], code_path
+        sorted({value for _, value in entrypoints}),
+        [package] if package else [],
+        code_path,
+        calls=calls,
     )
     where = f"code.path {code_path}" if code_path else "no code.path"
     accepted = (
@@ -110,6 +135,21 @@ def import_issues(spec: PipelineSpec, file: str, positions: Positions) -> list[S
                     accepted,
                 )
             )
+    for field, value, role, _ in calls:
+        if value not in errors and field in errors:
+            line, col = positions.of_value(tuple(_path_of(field, entrypoints)))
+            issues.append(
+                SpecIssue(
+                    file,
+                    line,
+                    col,
+                    field,
+                    f"'{value}' cannot be called as {'an' if role == 'evaluation' else 'a'} "
+                    f"{role}: {errors[field]}",
+                    "function(ctx, **arguments) taking the arguments README's 'Evaluation "
+                    "and promotion' table lists (tideflow.steps.contracts) and the step's args",
+                )
+            )
     if package is not None and package in errors:
         path = ("code", "package")
         line, col = positions.of_value(path)
@@ -125,6 +165,19 @@ def import_issues(spec: PipelineSpec, file: str, positions: Positions) -> list[S
             )
         )
     return issues
+
+
+def _path_of(field: str, entrypoints: list[tuple[Path, str]]) -> Path:
+    return next(path for path, _ in entrypoints if format_path(path) == field)
+
+
+def _check_call(call: list[Any]) -> str:
+    from tideflow.steps.contracts import signature_problem
+
+    _, entrypoint, role, arg_names = call
+    module_name, _, attr = entrypoint.partition(":")
+    function = getattr(importlib.import_module(module_name), attr)
+    return signature_problem(function, role, dict.fromkeys(arg_names))
 
 
 def _check_entrypoint(entrypoint: str) -> str:
@@ -163,6 +216,9 @@ def main() -> int:
     request = json.loads(sys.stdin.read())
     answer = {name: _answer(name, _check_entrypoint) for name in request["entrypoints"]}
     answer.update({name: _answer(name, _check_package) for name in request["packages"]})
+    for call in request.get("calls", []):
+        if not answer.get(call[1]):  # its module imported
+            answer[call[0]] = _answer(call, _check_call)
     sys.stdout.flush()
     # The last line is the answer, whatever the imported modules printed before it.
     print("\n" + json.dumps(answer), flush=True)
