@@ -14,6 +14,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch is pinned to the CPU build (2.13.0); an unpinned torch would pull a
-# multi-GB CUDA build.
-.venv/bin/python -m pip install --quiet -c deploy/local/constraints.txt -e '.[platform,dev]'
+# multi-GB CUDA build. hf and lightning: the training-framework integrations
+# (tideflow.integrations), installed so their tests run rather than skip.
+.venv/bin/python -m pip install --quiet -c deploy/local/constraints.txt \
+  -e '.[platform,dev,hf,lightning]'
 echo "tideflow installed in .venv ($(.venv/bin/python -c 'import tideflow; print(tideflow.__version__)'))"
