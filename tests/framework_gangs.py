@@ -1,0 +1,108 @@
+"""Running a framework's training script as a real 2-worker gang through the local backend.
+
+Shared by tests/test_hf_integration.py and tests/test_lightning_integration.py:
+the supervisor starts, restarts and preempts the gang as in production.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tideflow.backends import GangJob, GangState, WorkerSlot
+from tideflow.backends.local import LocalBackend
+from tideflow.checkpoint import CheckpointManager
+
+WORKERS = 2
+# Two workers share this machine's cores: one thread each keeps them from
+# fighting over the cores (and keeps a step's time steady).
+THREADS = {"OMP_NUM_THREADS": "1"}
+
+
+def gang(
+    gang_id: str,
+    script: Path,
+    root: Path,
+    env: dict[str, str],
+    *,
+    extra: tuple[str, ...] = (),
+    max_restarts: int = 0,
+) -> GangJob:
+    """``script`` run by two ranks; reports go to ``root/out``, its own files to ``root/work``."""
+    return GangJob(
+        gang_id=gang_id,
+        command=(
+            sys.executable,
+            str(script),
+            "--output-dir",
+            str(root / "work"),
+            "--out",
+            str(root / "out"),
+            *extra,
+        ),
+        env={**THREADS, **env},
+        slots=tuple(WorkerSlot(rank, "localhost", ()) for rank in range(WORKERS)),
+        device_class="cpu",
+        emulated=False,
+        max_restarts=max_restarts,
+    )
+
+
+def run(backend: LocalBackend, job: GangJob, timeout_s: float = 120) -> str:
+    """Submit ``job``, wait for it to succeed; its log."""
+    backend.submit(job)
+    status = backend.wait(job.gang_id, timeout_s)
+    log = backend.log_path(job.gang_id).read_text()
+    assert status.state is GangState.SUCCEEDED, log[-4000:]
+    return log
+
+
+def report(root: Path) -> dict[str, Any]:
+    """Rank 0's report; every rank must have ended with the same weights."""
+    ranks = [json.loads((root / "out" / f"rank-{r}.json").read_text()) for r in range(WORKERS)]
+    assert len({r["weights_sha256"] for r in ranks}) == 1, ranks
+    return ranks[0]  # type: ignore[no-any-return]
+
+
+def policy(store: str, every_steps: int = 5) -> dict[str, str]:
+    return {"TIDEFLOW_CHECKPOINT_URI": store, "TIDEFLOW_CHECKPOINT_EVERY_STEPS": str(every_steps)}
+
+
+def wait_for_checkpoint(store: str, at_least: int, timeout_s: float = 90) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        manifest = CheckpointManager(store).latest(verify=False)
+        if manifest is not None and manifest.step >= at_least:
+            return manifest.step
+        time.sleep(0.05)
+    raise TimeoutError(f"no checkpoint at step >= {at_least} in {store}")
+
+
+def wait_for_log(backend: LocalBackend, gang_id: str, pattern: str, timeout_s: float = 90) -> str:
+    log = backend.log_path(gang_id)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        if re.search(pattern, text):
+            return text
+        time.sleep(0.05)
+    raise TimeoutError(f"{pattern!r} never appeared in {log}")
+
+
+def kill_rank(backend: LocalBackend, gang_id: str, rank: int) -> None:
+    """SIGKILL one worker of the gang's current attempt, as a node failure would."""
+    text = backend.log_path(gang_id).read_text()
+    pid = int(re.findall(rf"rank {rank}: pid (\d+)", text)[-1])
+    os.kill(pid, signal.SIGKILL)
+
+
+def preempt_and_wait(backend: LocalBackend, gang_id: str) -> tuple[Any, str]:
+    backend.preempt(gang_id)
+    status = backend.wait(gang_id, 90)
+    return status, backend.log_path(gang_id).read_text()
