@@ -19,6 +19,7 @@ Kueue) admits and places the gang instead of the lease ledger:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -150,10 +151,65 @@ class GangTrainingOperator(TideflowOperator):
         }
 
     def _deadline(self, context: Context) -> float:
-        # Absolute, so a trigger resumed after a triggerer restart keeps its limit.
+        """When this try gives up: its ``timeout`` (``execution_timeout``), or the wait limit.
+
+        Absolute, so a trigger resumed after a triggerer restart keeps its limit, and
+        carried from trigger to trigger (``_carried_deadline``) so that waiting for
+        devices, running and resuming after a preemption share one limit.
+        """
+        carried = getattr(self, "_carried_deadline", None)
+        if carried is not None:
+            return float(carried)
         start = context["ti"].start_date
         base = start.timestamp() if start is not None else time.time()
-        return base + self.wait_timeout_s
+        deadline = base + self.wait_timeout_s
+        if self.execution_timeout is not None:
+            deadline = min(deadline, base + self.execution_timeout.total_seconds())
+        self._carried_deadline = deadline
+        return deadline
+
+    def _timed_out_message(self, what: str) -> str:
+        limit = self.execution_timeout
+        if limit is None:
+            return f"tideflow: {what} after waiting {self.wait_timeout_s:.0f}s"
+        return f"tideflow: step '{self.task_id}' ran past its timeout ({limit}): {what}"
+
+    def _stop_gang(self, gang_id: str) -> str:
+        """Stop the gang (workers, supervisor or cluster object) and free its lease."""
+        from tideflow.backends.local import LocalBackend
+        from tideflow.gangs import open_ledger
+
+        if self._on_cluster():
+            from tideflow.operators.cluster import cluster_backend
+
+            cluster_backend().cancel(gang_id)
+            return f"gang {gang_id} deleted"
+        ledger_path, state_dir, cluster = self._paths()
+        backend = LocalBackend(state_dir)
+        if backend.status(gang_id) is not None:
+            backend.cancel(gang_id)
+            with contextlib.suppress(TimeoutError):  # its supervisor kills what is left
+                backend.wait(gang_id, 30.0)
+        ledger = open_ledger(ledger_path, cluster)
+        lease = ledger.lease_for(gang_id)
+        if lease is not None:
+            ledger.release(lease.lease_id)
+        return f"gang {gang_id} stopped and its lease released"
+
+    def resume_execution(
+        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
+    ) -> Any:
+        """Airflow's own deferral timeout (the scheduler fails a deferred task whose
+        ``execution_timeout`` passed) stops the gang too, before the task fails."""
+        from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
+
+        error = (next_kwargs or {}).get("error")
+        if next_method == TRIGGER_FAIL_REPR and error == TriggerFailureReason.TRIGGER_TIMEOUT:
+            self.log.error("%s", self._timed_out_message(self._stop_gang(self._gang_id(context))))
+        event = (next_kwargs or {}).get("event")
+        if isinstance(event, dict) and event.get("deadline") is not None:
+            self._carried_deadline = float(event["deadline"])
+        return super().resume_execution(next_method, next_kwargs, context)
 
     # -- Airflow entry points ----------------------------------------------------
     def execute(self, context: Context) -> Any:
@@ -201,7 +257,9 @@ class GangTrainingOperator(TideflowOperator):
         if event["status"] == "never":
             raise AirflowFailException(f"tideflow: gang can never be placed: {event['reason']}")
         if event["status"] == "timeout":
-            raise AirflowException(f"tideflow: gave up waiting for devices: {event['reason']}")
+            raise AirflowException(
+                self._timed_out_message(f"still waiting for devices ({event['reason']})")
+            )
         ledger_path, _, cluster = self._paths()
         lease = open_ledger(ledger_path, cluster).lease_for(self._gang_id(context))
         if lease is None:
@@ -339,7 +397,7 @@ class GangTrainingOperator(TideflowOperator):
             raise AirflowException(f"tideflow: the backend does not know gang {gang_id}")
         status = GangStatus.from_json(event["gang"])
         if event["status"] == "timeout":
-            raise AirflowException(f"tideflow: gang {gang_id} still {status.state} at deadline")
+            raise AirflowException(self._timed_out_message(self._stop_gang(gang_id)))
         if ledger is not None and lease is not None:
             ledger.release(lease.lease_id)
         self.log.info(

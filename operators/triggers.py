@@ -68,13 +68,15 @@ class LeaseTrigger(BaseTrigger):
         while True:
             outcome = await asyncio.to_thread(self._try_once)
             if outcome["status"] in ("granted", "never"):
-                yield TriggerEvent(outcome)
+                yield TriggerEvent({**outcome, "deadline": self.deadline})
                 return
             if outcome["reason"] != last_reason:
                 self.log.info("tideflow: waiting for devices: %s", outcome["reason"])
                 last_reason = outcome["reason"]
             if time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", "reason": outcome["reason"]})
+                yield TriggerEvent(
+                    {"status": "timeout", "reason": outcome["reason"], "deadline": self.deadline}
+                )
                 return
             await asyncio.sleep(self.poll_s)
 
@@ -147,10 +149,14 @@ class GangTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "unknown", "gang_id": self.gang_id})
                 return
             if status.state.finished:
-                yield TriggerEvent({"status": "finished", "gang": status.to_json()})
+                yield TriggerEvent(
+                    {"status": "finished", "gang": status.to_json(), "deadline": self.deadline}
+                )
                 return
             if time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", "gang": status.to_json()})
+                yield TriggerEvent(
+                    {"status": "timeout", "gang": status.to_json(), "deadline": self.deadline}
+                )
                 return
             await asyncio.sleep(self.poll_s)
 
@@ -210,10 +216,18 @@ class ClusterGangTrigger(BaseTrigger):
                             status.message,
                         )
                     if status.state.finished:
-                        yield TriggerEvent({"status": "finished", "gang": status.to_json()})
+                        yield TriggerEvent(
+                            {
+                                "status": "finished",
+                                "gang": status.to_json(),
+                                "deadline": self.deadline,
+                            }
+                        )
                         return
                 if time.time() >= self.deadline and last is not None:
-                    yield TriggerEvent({"status": "timeout", "gang": last.to_json()})
+                    yield TriggerEvent(
+                        {"status": "timeout", "gang": last.to_json(), "deadline": self.deadline}
+                    )
                     return
 
 

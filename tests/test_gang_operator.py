@@ -7,6 +7,7 @@ machine; the lease ledger and the local backend are the real ones.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import sys
 import textwrap
 import threading
@@ -26,7 +27,12 @@ WORKER = str(Path(__file__).with_name("gang_worker.py"))
 
 
 def pipeline(
-    tmp_path: Path, *, workers: int = 2, mode: str = "ok", name: str = "gang-test"
+    tmp_path: Path,
+    *,
+    workers: int = 2,
+    mode: str = "ok",
+    name: str = "gang-test",
+    timeout: str = "null",
 ) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(
@@ -36,6 +42,7 @@ def pipeline(
         metadata: {{name: {name}, team: qa}}
         steps:
           - name: train
+            timeout: {timeout}
             gang_training:
               entrypoint: [python, {WORKER}]
               env: {{GANG_TEST_MODE: {mode}}}
@@ -157,3 +164,36 @@ def test_a_retry_reattaches_instead_of_starting_a_second_gang(
     assert dag_run.run_id == run_id
     assert states(dag_run) == {"train": "success"}
     assert backend.log_path(gang).read_text().count("started 2 worker(s)") == 1
+
+
+def alive(pid: int) -> bool:
+    """Running: a zombie (exited, not yet reaped by its parent here) is not."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.usefixtures("airflow_home")
+@pytest.mark.timeout(180)
+def test_a_gang_step_past_its_timeout_stops_its_gang_and_frees_its_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The step's timeout (Airflow's execution_timeout) ends the whole gang, not just the
+    task: workers, their supervisor and the lease."""
+    started = time.monotonic()
+    dag_run = run_dag(pipeline(tmp_path, mode="sleep", name="hangs", timeout="15s"), monkeypatch)
+    elapsed = time.monotonic() - started
+    assert states(dag_run) == {"train": "failed"}
+    assert "ran past its timeout (0:00:15)" in capfd.readouterr().out
+    assert elapsed < 15 + 45  # the limit, one trigger poll, the workers' stop grace
+    assert ledger().leases() == []
+    gang = gang_id_for("hangs", dag_run.run_id, "train")
+    backend = LocalBackend(Settings.from_env().home / "gangs")
+    status = backend.status(gang)
+    assert status is not None and str(status.state) == "cancelled"
+    log = backend.log_path(gang).read_text()
+    pids = [int(pid) for pid in re.findall(r"rank \d+: pid (\d+)", log)]
+    supervisor = int((backend.gang_dir(gang) / "supervisor.pid").read_text())
+    assert pids and not any(alive(pid) for pid in [*pids, supervisor])
