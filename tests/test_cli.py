@@ -112,9 +112,39 @@ def test_plan_shows_order_pools_and_resources(repo: Path) -> None:
     out = done.stdout
     order = [out.index(f". {name} [") for name in ("prep", "train", "evaluate", "promote")]
     assert order == sorted(order)
-    assert "pool tideflow-gpu (8 slot(s))" in out
-    assert "gang: {{ params.workers }} worker(s) x 4 gpu H100" in out
+    assert "pool tideflow-gpu (8 slot(s)), retries 2, timeout 6h" in out
+    assert "gang: workers 2 (params.workers), 4 gpu H100 each" in out
     assert "devices (preference): npu, gpu-spare, cpu" in out
+    # a step without a timeout has none, not "nones"; params as the file spells them
+    assert "pool tideflow-npu (1 slot(s)), retries 0, timeout none\n" in out
+    assert "  lr: float = 0.001, minimum 1e-06, maximum 1.0\n" in out
+    assert '  optimizer: enum = "adam", one of "sgd", "adam"\n' in out
+    assert "nones" not in out and "{{" not in out
+
+
+def test_plan_shows_templated_fields_at_their_params_defaults(tmp_path: Path) -> None:
+    """A field that is one param's template shows that param's default and its name."""
+    (tmp_path / "cluster.yaml").write_text(
+        "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: lab}\nnodes:\n"
+        "  - {name: n, count: 2, cpu: 32, accelerators: {class: gpu, model: H100, count: 8}}\n"
+    )
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata: {name: p, team: x}\n"
+        "params:\n  workers: {type: int, default: 3}\n  per: {type: int, default: 2}\n"
+        "  shards: {type: int, default: 1}\n"
+        "steps:\n  - name: train\n    timeout: 5400\n    gang_training:\n"
+        "      entrypoint: m:f\n      workers: '{{ params.workers }}'\n"
+        "      min_workers: '{{ params.shards }}'\n"
+        "      devices_per_worker: '{{ params.per }}'\n      device: {class: gpu, model: H100}\n"
+    )
+    done = tideflow("plan", "p.yaml", "--cluster", "cluster.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "pool tideflow-gpu (6 slot(s)), retries 0, timeout 1h30m\n" in done.stdout
+    assert (
+        "gang: workers 3 (params.workers), min_workers 1 (params.shards), "
+        "2 (params.per) gpu H100 each; cluster 'lab' has room for 8 such worker(s)\n"
+    ) in done.stdout
+    assert "{{" not in done.stdout
 
 
 def test_run_rejects_unknown_and_out_of_range_params(repo: Path) -> None:

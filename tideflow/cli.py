@@ -16,10 +16,13 @@ from typing import Any
 
 from tideflow import __version__
 from tideflow.compile.dag_plan import compile_dag_plan, topological_order
+from tideflow.compile.templates import exact_param, has_template
 from tideflow.config import Settings
 from tideflow.inventory import Inventory, detect_local, load_cluster
 from tideflow.spec import PipelineSpec, SpecError, SpecIssue, find_pipelines, load_pipeline
+from tideflow.spec.fields import format_duration
 from tideflow.spec.loader import display_path
+from tideflow.spec.models import ParamSpec
 from tideflow.spec.params import ParamValueError, parse_param_overrides
 
 
@@ -95,16 +98,57 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gang_summary(config: dict[str, Any], inventory: Inventory | None) -> str:
+def _literal(value: Any) -> str:
+    """A value as the pipeline file would spell it: 2, 0.05, "adam", true, null."""
+    return json.dumps(value, default=str)
+
+
+def _at_default(value: Any, spec: PipelineSpec) -> tuple[str, Any]:
+    """A field as a run gets it by default, and that value (None when only a run knows it).
+
+    A field that is one ``{{ params.NAME }}`` shows the param's default and where it
+    comes from, ``2 (params.workers)``; another template is rendered when the run starts.
+    """
+    if not has_template(value):
+        return str(value), value
+    name = exact_param(value)
+    if name is not None and name in spec.params:
+        default = spec.params[name].default
+        return f"{_literal(default)} (params.{name})", default
+    return f"{value} (rendered when the run starts)", None
+
+
+def _param_summary(param: ParamSpec) -> str:
+    def number(value: float) -> str:
+        return str(int(value)) if param.type == "int" and value.is_integer() else str(value)
+
+    text = f"{param.type} = {_literal(param.default)}"
+    if param.minimum is not None:
+        text += f", minimum {number(param.minimum)}"
+    if param.maximum is not None:
+        text += f", maximum {number(param.maximum)}"
+    if param.values is not None:
+        text += ", one of " + ", ".join(_literal(value) for value in param.values)
+    return text
+
+
+def _gang_summary(config: dict[str, Any], spec: PipelineSpec, inventory: Inventory | None) -> str:
     device = config["device"]
     label = device["class"] + (f" {device['model']}" if device.get("model") else "")
-    text = f"{config['workers']} worker(s) x {config['devices_per_worker']} {label}"
-    if inventory is not None and isinstance(config["workers"], int):
-        per = config["devices_per_worker"]
-        if isinstance(per, int):
-            room = inventory.max_gang_workers(device["class"], device.get("model"), per)
-            text += f"; cluster '{inventory.name}' has room for {room} such worker(s)"
+    workers, workers_value = _at_default(config["workers"], spec)
+    per, per_value = _at_default(config["devices_per_worker"], spec)
+    text = f"workers {workers}"
+    if config.get("min_workers") is not None:
+        text += f", min_workers {_at_default(config['min_workers'], spec)[0]}"
+    text += f", {per} {label} each"
+    if inventory is not None and _is_int(workers_value) and _is_int(per_value):
+        room = inventory.max_gang_workers(device["class"], device.get("model"), per_value)
+        text += f"; cluster '{inventory.name}' has room for {room} such worker(s)"
     return text
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -119,24 +163,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
         where = f"package {spec.code.package}" if spec.code.package else f"{plan.code_path}"
         inside = f" (in the image: {spec.code.image_path})" if spec.code.image_path else ""
         print(f"code: {where}{inside}")
-    if plan.params:
+    if spec.params:
         print("params:")
-        for name, param in plan.params.items():
-            print(f"  {name}: {param.type} = {param.default!r}")
+        for name, param in spec.params.items():
+            print(f"  {name}: {_param_summary(param)}")
     print("steps, in order:")
     for index, task in enumerate(topological_order(plan), start=1):
         needs = ", ".join(task.upstream) or "-"
+        timeout = format_duration(task.timeout_seconds) if task.timeout_seconds else "none"
         print(f"  {index}. {task.task_id} [{task.kind}] needs: {needs}")
         print(
             f"     pool {task.pool} ({task.pool_slots} slot(s)), retries {task.retries}, "
-            f"timeout {task.timeout_seconds or 'none'}s"
+            f"timeout {timeout}"
         )
         config = task.config
         if task.kind == "data_prep":
             res = config["resources"]
             print(f"     resources: cpu {res['cpu']}, memory {res['memory']}")
         elif task.kind == "gang_training":
-            print(f"     gang: {_gang_summary(config, inventory)}")
+            print(f"     gang: {_gang_summary(config, spec, inventory)}")
             res = config.get("resources") or {}
             if res.get("cpu") is not None or res.get("memory") is not None:
                 asked = [f"{k} {res[k]}" for k in ("cpu", "memory") if res.get(k) is not None]

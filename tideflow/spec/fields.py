@@ -80,6 +80,18 @@ def parse_duration(value: Any) -> int:
     raise fail(f"'{value}' is not a duration", accepted)
 
 
+def format_duration(seconds: int) -> str:
+    """The shortest spelling ``parse_duration`` reads back: ``5400`` -> ``"1h30m"``."""
+    if seconds <= 0:
+        return f"{seconds}s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
 DurationSeconds = Annotated[
     int,
     PlainValidator(parse_duration),
