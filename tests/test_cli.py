@@ -79,7 +79,7 @@ def test_bad_cluster_file_is_reported_with_location(tmp_path: Path, repo: Path) 
     )
     done = tideflow("validate", str(repo / "pipelines"), "--cluster", "cluster.yaml", cwd=tmp_path)
     assert done.returncode == 1
-    assert "cluster.yaml:5:20: nodes[0].cpu: 0 is out of range; a value >= 1" in done.stderr
+    assert "cluster.yaml:5:20: nodes[0].cpu: 0 is out of range; an integer >= 1" in done.stderr
 
 
 def test_schema_command_matches_shipped_schema(repo: Path) -> None:

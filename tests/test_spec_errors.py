@@ -10,6 +10,7 @@ from tideflow.inventory import Inventory, load_cluster
 from tideflow.spec import PipelineSpec, SpecError, load_pipeline, parse_model
 
 FILE = "pipelines/case.yaml"
+YAML_BOOLEANS = "YAML reads unquoted yes, no, on, off, true and false as booleans"
 
 HEADER = """\
 apiVersion: tideflow/v1
@@ -111,7 +112,8 @@ steps:
       preemptible: maybe
 """,
         [
-            f"{FILE}:8:14: steps[0].retries: expected an integer, got 'many'; an integer",
+            f"{FILE}:8:14: steps[0].retries: expected an integer, got str 'many'; "
+            "an integer between 0 and 20",
             f"{FILE}:11:16: steps[0].gang_training.workers: 0 is out of range; an integer "
             "between 1 and 4096, or a template such as '{{ params.workers }}'",
             f"{FILE}:12:27: steps[0].gang_training.devices_per_worker: expected an integer, "
@@ -119,6 +121,45 @@ steps:
             "'{{ params.workers }}'",
             f"{FILE}:13:20: steps[0].gang_training.preemptible: expected true or false, "
             "got 'maybe'; true or false",
+        ],
+    ),
+    "YAML booleans (yes, on, ...) and quoted numbers where numbers belong": (
+        HEADER
+        + """\
+params:
+  size: {type: int, default: 2, minimum: yes, maximum: "8"}
+  mode: {type: enum, values: [on, off], default: on}
+steps:
+  - name: train
+    retries: yes
+    gang_training:
+      entrypoint: pkg.mod:train
+      workers: on
+      max_restarts: off
+      checkpoint: {keep_last: true, every_steps: "{{ params.size }}"}
+""",
+        [
+            f"{FILE}:7:42: params.size.minimum: expected a number, got the boolean true "
+            f"({YAML_BOOLEANS}); a number such as 1, 0.5 or 1e-3",
+            f"{FILE}:7:56: params.size.maximum: expected a number, got str '8'; "
+            "a number such as 1, 0.5 or 1e-3",
+            f"{FILE}:8:31: params.mode.values[0]: expected a choice, got the boolean true "
+            f"({YAML_BOOLEANS}); text, an integer or a number; quote "
+            "yes/no/on/off/true/false to mean the text",
+            f"{FILE}:8:35: params.mode.values[1]: expected a choice, got the boolean false "
+            f"({YAML_BOOLEANS}); text, an integer or a number; quote "
+            "yes/no/on/off/true/false to mean the text",
+            f"{FILE}:11:14: steps[0].retries: expected an integer, got the boolean true "
+            f"({YAML_BOOLEANS}); an integer between 0 and 20",
+            f"{FILE}:14:16: steps[0].gang_training.workers: expected an integer, got the "
+            f"boolean true ({YAML_BOOLEANS}); an integer between 1 and 4096, or a template "
+            "such as '{{ params.workers }}'",
+            f"{FILE}:15:21: steps[0].gang_training.max_restarts: expected an integer, got the "
+            f"boolean false ({YAML_BOOLEANS}); an integer between 0 and 100, or a template "
+            "such as '{{ params.workers }}'",
+            f"{FILE}:16:31: steps[0].gang_training.checkpoint.keep_last: expected an "
+            f"integer, got the boolean true ({YAML_BOOLEANS}); an integer >= 1, or a "
+            "template such as '{{ params.workers }}'",
         ],
     ),
     "unknown needs, duplicate names and a cycle": (
@@ -314,3 +355,22 @@ def test_shipped_example_pipelines_are_valid(repo: Path) -> None:
     assert [f.name for f in files] == ["digits.yaml"]
     for file in files:
         load_pipeline(file)
+
+
+def test_cluster_file_integers_refuse_booleans() -> None:
+    from tideflow.inventory import ClusterSpec
+
+    text = CLUSTER.replace("count: 2, cpu: 96", "count: yes, cpu: 96").replace(
+        "model: A100, count: 4}", "model: A100, count: on}"
+    )
+    with pytest.raises(SpecError) as caught:
+        parse_model(text, "cluster.yaml", ClusterSpec)
+    boolean = (
+        "got the boolean true (YAML reads unquoted yes, no, on, off, true and false as booleans)"
+    )
+    assert [str(issue) for issue in caught.value.issues] == [
+        f"cluster.yaml:5:25: nodes[0].count: expected an integer, {boolean}; "
+        "an integer between 1 and 100000",
+        f"cluster.yaml:6:84: nodes[1].accelerators.count: expected an integer, {boolean}; "
+        "an integer between 1 and 64",
+    ]

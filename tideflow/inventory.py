@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tideflow.spec.fields import MemoryQuantity, Name, fail
+from tideflow.spec.fields import MemoryQuantity, Name, fail, strict_int
 from tideflow.spec.loader import load_model
 from tideflow.spec.models import DeviceClass, SpecModel
 
@@ -26,15 +26,15 @@ from tideflow.spec.models import DeviceClass, SpecModel
 class Accelerators(SpecModel):
     device_class: Literal["gpu", "npu"] = Field(alias="class")
     model: str = Field(description="e.g. H100, A100, V100, Ascend910")
-    count: int = Field(ge=1, le=64)
+    count: strict_int(ge=1, le=64)  # type: ignore[valid-type]
 
 
 class NodeGroup(SpecModel):
     """One node, or ``count`` identical nodes named ``NAME-0 .. NAME-(count-1)``."""
 
     name: Name
-    count: int = Field(default=1, ge=1, le=100_000)
-    cpu: int = Field(ge=1)
+    count: strict_int(ge=1, le=100_000) = 1  # type: ignore[valid-type]
+    cpu: strict_int(ge=1)  # type: ignore[valid-type]
     memory: MemoryQuantity = "0"
     accelerators: Accelerators | None = None
     labels: dict[str, str] = Field(default_factory=dict)

@@ -205,28 +205,108 @@ ImageRef = Annotated[
 ]
 
 
+# YAML 1.1, which PyYAML reads, also takes unquoted yes/no/on/off for true/false:
+# "retries: yes" is a boolean, and a boolean is never accepted as a number.
+_YAML_BOOLEANS = "YAML reads unquoted yes, no, on, off, true and false as booleans"
+
+
+def _int_bounds(ge: int | None, le: int | None) -> str:
+    if ge is not None and le is not None:
+        return f"an integer between {ge} and {le}"
+    if ge is not None:
+        return f"an integer >= {ge}"
+    if le is not None:
+        return f"an integer <= {le}"
+    return "an integer"
+
+
+def check_int(value: Any, *, ge: int | None, le: int | None, accepted: str) -> int:
+    """The one rule for an integer in a spec file: an int within bounds, never a bool or text.
+
+    pydantic's lax ``int`` would take ``true`` (YAML's ``yes``) as 1, ``"3"`` as 3 and
+    ``3.0`` as 3; a spec file says what it means, so each of those is a problem.
+    """
+    if isinstance(value, bool):
+        raise fail(
+            f"expected an integer, got the boolean {str(value).lower()} ({_YAML_BOOLEANS})",
+            accepted,
+        )
+    if not isinstance(value, int):
+        raise fail(f"expected an integer, got {type(value).__name__} {value!r}", accepted)
+    if (ge is not None and value < ge) or (le is not None and value > le):
+        raise fail(f"{value} is out of range", accepted)
+    return value
+
+
+def _int_schema(ge: int | None, le: int | None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer"}
+    if ge is not None:
+        schema["minimum"] = ge
+    if le is not None:
+        schema["maximum"] = le
+    return schema
+
+
+def strict_int(*, ge: int | None = None, le: int | None = None) -> Any:
+    """An integer within bounds; booleans, text and floats are refused (``check_int``)."""
+    accepted = _int_bounds(ge, le)
+
+    def check(value: Any) -> int:
+        return check_int(value, ge=ge, le=le, accepted=accepted)
+
+    return Annotated[int, PlainValidator(check), WithJsonSchema(_int_schema(ge, le))]
+
+
 def templated_int(*, ge: int, le: int | None = None) -> Any:
-    """An integer within bounds, or a Jinja template resolved when the task runs."""
-    bounds = f">= {ge}" if le is None else f"between {ge} and {le}"
-    accepted = f"an integer {bounds}, or a template such as '{{{{ params.workers }}}}'"
+    """An integer within bounds (``check_int``), or a Jinja template resolved when the task runs."""
+    accepted = f"{_int_bounds(ge, le)}, or a template such as '{{{{ params.workers }}}}'"
 
     def check(value: Any) -> int | str:
         if is_template(value):
             return str(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise fail(f"expected an integer, got {type(value).__name__} {value!r}", accepted)
-        if value < ge or (le is not None and value > le):
-            raise fail(f"{value} is out of range", accepted)
-        return value
+        return check_int(value, ge=ge, le=le, accepted=accepted)
 
-    integer: dict[str, Any] = {"type": "integer", "minimum": ge}
-    if le is not None:
-        integer["maximum"] = le
     return Annotated[
         int | str,
         PlainValidator(check),
-        WithJsonSchema({"anyOf": [integer, {"type": "string", "pattern": TEMPLATE_PATTERN}]}),
+        WithJsonSchema(
+            {"anyOf": [_int_schema(ge, le), {"type": "string", "pattern": TEMPLATE_PATTERN}]}
+        ),
     ]
+
+
+def _check_number(value: Any) -> float:
+    accepted = "a number such as 1, 0.5 or 1e-3"
+    if isinstance(value, bool):
+        raise fail(
+            f"expected a number, got the boolean {str(value).lower()} ({_YAML_BOOLEANS})", accepted
+        )
+    if not isinstance(value, (int, float)):
+        raise fail(f"expected a number, got {type(value).__name__} {value!r}", accepted)
+    return float(value)
+
+
+StrictNumber = Annotated[float, PlainValidator(_check_number), WithJsonSchema({"type": "number"})]
+"""A number (an int is taken as a float); booleans and text are refused."""
+
+
+def _check_enum_value(value: Any) -> str | int | float:
+    accepted = "text, an integer or a number; quote yes/no/on/off/true/false to mean the text"
+    if isinstance(value, bool):
+        raise fail(
+            f"expected a choice, got the boolean {str(value).lower()} ({_YAML_BOOLEANS})", accepted
+        )
+    if not isinstance(value, (str, int, float)):
+        raise fail(f"expected a choice, got {type(value).__name__} {value!r}", accepted)
+    return value
+
+
+EnumValue = Annotated[
+    str | int | float,
+    PlainValidator(_check_enum_value),
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "number"}]}),
+]
+"""One choice of an enum param: text or a number, never a boolean."""
 
 
 def templated_float(*, ge: float | None = None, le: float | None = None) -> Any:

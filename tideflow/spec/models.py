@@ -28,10 +28,13 @@ from tideflow.spec.fields import (
     CpuQuantity,
     DurationSeconds,
     EntryPoint,
+    EnumValue,
     ImageRef,
     MemoryQuantity,
     Name,
+    StrictNumber,
     fail,
+    strict_int,
     templated_float,
     templated_int,
 )
@@ -93,9 +96,9 @@ class ParamSpec(SpecModel):
     type: ParamType
     default: Any = Field(description="Value used when the run does not set the parameter.")
     description: str = ""
-    minimum: float | None = None
-    maximum: float | None = None
-    values: tuple[str | int | float, ...] | None = Field(
+    minimum: StrictNumber | None = None
+    maximum: StrictNumber | None = None
+    values: tuple[EnumValue, ...] | None = Field(
         default=None, description="The choices of an 'enum' parameter."
     )
 
@@ -386,7 +389,7 @@ class PromoteCheckpoint(SpecModel):
 class Step(SpecModel):
     name: Name
     needs: tuple[str, ...] = ()
-    retries: int = Field(default=0, ge=0, le=20)
+    retries: strict_int(ge=0, le=20) = 0  # type: ignore[valid-type]
     timeout: DurationSeconds | None = None
     image: ImageRef | None = Field(
         default=None,
