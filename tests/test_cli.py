@@ -160,7 +160,16 @@ def test_run_rejects_unknown_and_out_of_range_params(repo: Path) -> None:
 def test_every_command_has_help() -> None:
     parser = build_parser()
     subcommands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert set(subcommands) == {"validate", "schema", "plan", "compile", "run", "pools", "broker"}
+    assert set(subcommands) == {
+        "validate",
+        "schema",
+        "plan",
+        "compile",
+        "run",
+        "gangs",
+        "pools",
+        "broker",
+    }
     for name in subcommands:
         done = tideflow(name, "--help")
         assert done.returncode == 0 and "usage: tideflow" in done.stdout, name

@@ -233,7 +233,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = load_pipeline(args.pipeline)
     conf = parse_param_overrides(spec, args.param)
-    from tideflow.dag.local_run import run_pipeline
+    from tideflow.dag.local_run import run_interruptibly
 
     settings = Settings.from_env()
     if not settings.mlflow_tracking_uri:
@@ -242,9 +242,38 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ["MLFLOW_TRACKING_URI"] = uri
         print(f"tideflow: MLFLOW_TRACKING_URI is not set; tracking in {uri}", file=sys.stderr)
     home = Path(args.airflow_home) if args.airflow_home else settings.home / "airflow-run"
-    state = run_pipeline(Path(args.pipeline), conf, home)
-    print(f"pipeline {spec.metadata.name}: {state}")
-    return 0 if state == "success" else 1
+    return run_interruptibly(Path(args.pipeline), conf, home)
+
+
+def cmd_gangs(args: argparse.Namespace) -> int:
+    from tideflow.backends.local import LocalBackend
+    from tideflow.gangs import open_ledger
+    from tideflow.gangs.control import gang_rows, stop_gang
+
+    settings = Settings.from_env()
+    ledger = open_ledger(settings.ledger_path, settings.cluster)
+    backend = LocalBackend(settings.gangs_dir)
+    if args.action == "cancel":
+        if not args.gang_id:
+            print(
+                "tideflow gangs cancel: name the gang (tideflow gangs lists them)", file=sys.stderr
+            )
+            return 2
+        print(stop_gang(args.gang_id, ledger, backend))
+        return 0
+    rows = gang_rows(ledger, backend)
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps([asdict(row) for row in rows], indent=2))
+        return 0
+    print(f"{'GANG':40} {'STATE':10} {'TEAM':12} {'DEVICES':>7} {'AGE':>8}  HOLDER")
+    for row in rows:
+        print(
+            f"{row.gang_id:40} {row.state:10} {row.team:12} {row.devices:>7} "
+            f"{row.age_s:>7.0f}s  {row.holder}"
+        )
+    return 0
 
 
 def cmd_pools(args: argparse.Namespace) -> int:
@@ -441,6 +470,19 @@ def _add_compile(sub: Any) -> None:
     compile_.set_defaults(func=cmd_compile)
 
 
+def _add_gangs_parser(sub: Any) -> None:
+    gangs = sub.add_parser(
+        "gangs",
+        help="list the gangs on this machine's ledger and backend, or cancel one",
+        description="Every gang holding devices, waiting for them or running (state, team, "
+        "devices, age, holder); 'cancel GANG' stops its workers and frees its lease.",
+    )
+    gangs.add_argument("action", nargs="?", choices=("list", "cancel"), default="list")
+    gangs.add_argument("gang_id", nargs="?", help="the gang to cancel (PIPELINE/RUN/STEP)")
+    gangs.add_argument("--json", action="store_true", help="print the list as JSON")
+    gangs.set_defaults(func=cmd_gangs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tideflow",
@@ -491,6 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--airflow-home", help="Airflow home to use (default: $TIDEFLOW_HOME/airflow-run)"
     )
     run.set_defaults(func=cmd_run)
+
+    _add_gangs_parser(sub)
 
     pools = sub.add_parser(
         "pools",

@@ -117,6 +117,19 @@ class LocalBackend:
         job = self.job(gang_id)
         return job.env.get(CHECKPOINT_URI_ENV) if job is not None else None
 
+    def statuses(self) -> list[tuple[str, GangStatus]]:
+        """Every gang with a state directory here, and its status."""
+        found = []
+        for job_file in sorted(self.state_dir.glob("*/job.json")):
+            try:
+                gang_id = GangJob.from_json(job_file.read_text()).gang_id
+            except (OSError, ValueError, KeyError):
+                continue
+            status = self.status(gang_id)
+            if status is not None:
+                found.append((gang_id, status))
+        return found
+
     def reattach(self, gang_id: str) -> GangStatus | None:
         status = self.status(gang_id)
         return status if status is not None and not status.state.finished else None

@@ -249,9 +249,11 @@ class LeaseLedger:
             if isinstance(placed, Refusal):
                 if placed.never:
                     db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
-                else:
-                    self._wait(db, request, now)
-                return placed
+                    return placed
+                self._wait(db, request, now)
+                return Refusal(
+                    placed.reason + self._held_by(db, request.device_class, now), never=False
+                )
             ahead = self._waiter_ahead(db, request, used, now)
             if ahead is not None:
                 self._wait(db, request, now)
@@ -332,6 +334,18 @@ class LeaseLedger:
             if not isinstance(place(other, self.inventory, other_used), Refusal):
                 return str(gang_id)
         return None
+
+    def _held_by(self, db: sqlite3.Connection, device_class: str, now: float) -> str:
+        """Who holds the devices of ``device_class``: what a waiting gang's message names."""
+        rows = db.execute(
+            "SELECT * FROM leases WHERE device_class = ? ORDER BY acquired_at", (device_class,)
+        ).fetchall()
+        held = [
+            f"{lease.gang_id} (team {lease.team}, {sum(len(p.devices) for p in lease.placements)}"
+            f" device(s), holder {lease.holder}, for {now - lease.acquired_at:.0f}s)"
+            for lease in map(self._lease, rows)
+        ]
+        return f"; held by {', '.join(held)}" if held else ""
 
     def forget(self, gang_id: str) -> None:
         """Drop a queued request (its owner found other devices, or gave up)."""
