@@ -47,6 +47,94 @@ def test_broken_pipeline_does_not_hide_the_others(
     assert f"{broken}:6:36: steps[0].data_prep.workerz: unknown field 'workerz'" in message
 
 
+BROKEN = (
+    "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata: {name: broken, team: x}\n"
+    "steps:\n  - name: a\n    data_prep: {entrypoint: 'm:f', workerz: 2}\n"
+)
+# What Airflow's task process does first (task_runner.startup): parse the DAG file of
+# its task, inside the parsing context that names the DAG and task.
+TASK_STARTUP = """\
+import datetime as dt, sys, uuid
+from airflow.sdk.api.datamodels._generated import (
+    BundleInfo, DagRun, TaskInstance, TIRunContext)
+from airflow.sdk.execution_time.comms import StartupDetails
+from airflow.sdk.execution_time.task_runner import startup
+
+dag_id, task_id = sys.argv[1:3]
+now = dt.datetime.now(dt.UTC)
+run = DagRun(dag_id=dag_id, run_id="r", logical_date=None, data_interval_start=None,
+             data_interval_end=None, run_after=now, start_date=now, end_date=None,
+             run_type="manual", state="running", consumed_asset_events=[], partition_key=None)
+ti, _, _ = startup(StartupDetails(
+    ti=TaskInstance(id=uuid.uuid4(), task_id=task_id, dag_id=dag_id, run_id="r",
+                    try_number=1, dag_version_id=uuid.uuid4()),
+    dag_rel_path="tideflow_pipelines.py", bundle_info=BundleInfo(name="dags-folder"),
+    start_date=now, ti_context=TIRunContext(dag_run=run, max_tries=0), sentry_integration=""))
+print("PARSED", ti.task.dag.dag_id, ti.task.task_id, flush=True)
+"""
+
+
+def test_a_task_shows_no_other_pipelines_errors(repo: Path, tmp_path: Path) -> None:
+    """A task of digits parses the one DAG file, and is not told that broken.yaml is broken."""
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    shutil.copy(repo / "pipelines" / "digits.yaml", pipelines)
+    (pipelines / "broken.yaml").write_text(BROKEN)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
+        "TIDEFLOW_PIPELINES_DIR": str(pipelines),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", TASK_STARTUP, "digits", "prepare-data"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "PARSED digits prepare-data" in done.stdout
+    task_log = done.stdout + done.stderr
+    assert "Worker startup parse complete" in task_log  # the task's own log lines are here
+    assert "broken" not in task_log and "workerz" not in task_log
+
+
+def test_a_parse_for_one_dag_builds_it_and_reports_only_its_own_errors(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a real DagBag, as the DAG processor parses and as a task parses."""
+    from airflow.sdk.definitions._internal.dag_parsing_context import (
+        _airflow_parsing_context_manager,
+    )
+
+    shutil.copy(repo / "pipelines" / "digits.yaml", tmp_path)
+    shutil.copy(Path(__file__).parent / "data" / "pipelines" / "full.yaml", tmp_path)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(BROKEN)
+    unreadable = tmp_path / "unreadable.yaml"
+    unreadable.write_text("metadata: {name: [\n")
+    monkeypatch.setenv("TIDEFLOW_PIPELINES_DIR", str(tmp_path))
+    # the DAG processor: every pipeline, every broken file
+    bag = dagbag(repo)
+    assert sorted(bag.dag_ids) == ["digits", "full"]
+    assert sorted(bag.import_errors) == [str(broken), str(unreadable)]
+    # a task of digits: its DAG only, and no other file's problems
+    with _airflow_parsing_context_manager(dag_id="digits", task_id="train"):
+        bag = dagbag(repo)
+    assert bag.dag_ids == ["digits"]
+    assert bag.import_errors == {}
+    # a task of the broken pipeline: its own problems, and those of a file whose name
+    # cannot be read (it may be the one), since its DAG cannot be built
+    with _airflow_parsing_context_manager(dag_id="broken", task_id="a"):
+        bag = dagbag(repo)
+    assert bag.dag_ids == []
+    assert sorted(bag.import_errors) == [str(broken), str(unreadable)]
+    assert "steps[0].data_prep.workerz: unknown field 'workerz'" in bag.import_errors[str(broken)]
+
+
 def test_duplicate_pipeline_names_are_an_import_error(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

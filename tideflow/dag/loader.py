@@ -5,6 +5,14 @@ would hide every pipeline. So the loader catches each pipeline's problems and
 files them as import errors under the YAML file's own path: one broken
 pipeline shows up in the UI and in ``airflow dags list-import-errors`` with its
 file and line, and the others still load.
+
+Every pipeline comes from the one DAG file, so a task process, which parses
+that file to find its DAG, would also build and report every other pipeline.
+Airflow tells a parse that is for one DAG (``get_parsing_context().dag_id``,
+set by the task runner and ``airflow dags/tasks test``): such a parse builds
+that DAG only and reports only the problems of files that declare its name, so
+a task of pipeline A never shows pipeline B's errors. The DAG processor's
+parse has no such context and reports every broken file.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from tideflow.compile.dag_plan import compile_dag_plan
 from tideflow.config import Settings
 from tideflow.inventory import Inventory, load_cluster
 from tideflow.spec import SpecError, SpecIssue, find_pipelines, load_pipeline
+from tideflow.spec.yamlpos import LIMITS, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +41,42 @@ class PipelineImportWarning(UserWarning):
 class LoadResult:
     dags: dict[str, Any] = field(default_factory=dict)
     errors: dict[Path, SpecError] = field(default_factory=dict)
+    # The pipeline name each file declares, where it can be read (broken files too).
+    names: dict[Path, str] = field(default_factory=dict)
+
+    def errors_for(self, dag_id: str) -> dict[Path, SpecError]:
+        """The problems that concern pipeline ``dag_id``: those of files declaring its name,
+        and, when it was not built, those of files whose name cannot be read."""
+        return {
+            path: error
+            for path, error in self.errors.items()
+            if self.names.get(path) == dag_id
+            or (path not in self.names and dag_id not in self.dags)
+        }
 
 
-def load_dags(pipelines_dir: Path, inventory: Inventory | None = None) -> LoadResult:
+def _declared_name(path: Path) -> str | None:
+    """``metadata.name`` as a file writes it, valid or not (None if it cannot be read)."""
+    try:
+        if path.stat().st_size > LIMITS.max_bytes:
+            return None
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    data = load_yaml(text, str(path)).data  # within the same limits as the spec loader
+    metadata = data.get("metadata") if isinstance(data, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def load_dags(
+    pipelines_dir: Path, inventory: Inventory | None = None, *, only: str | None = None
+) -> LoadResult:
+    """A DAG per valid pipeline file under ``pipelines_dir``, and each other file's problems.
+
+    With ``only``, every file is still read (a name is only known from the file),
+    but only the DAG of that name is built.
+    """
     from tideflow.dag.builder import build_dag
 
     result = LoadResult()
@@ -44,6 +86,7 @@ def load_dags(pipelines_dir: Path, inventory: Inventory | None = None) -> LoadRe
         try:
             spec = load_pipeline(path, inventory, roots)
             name = spec.metadata.name
+            result.names[path] = name
             if name in owners:
                 raise SpecError(
                     str(path),
@@ -59,9 +102,12 @@ def load_dags(pipelines_dir: Path, inventory: Inventory | None = None) -> LoadRe
                     ],
                 )
             owners[name] = path
-            result.dags[name] = build_dag(compile_dag_plan(spec), path)
+            if only is None or name == only:
+                result.dags[name] = build_dag(compile_dag_plan(spec), path)
         except SpecError as exc:
             result.errors[path] = exc
+            if path not in result.names and (declared := _declared_name(path)) is not None:
+                result.names[path] = declared
         except Exception as exc:  # an unexpected failure still must not hide other pipelines
             log.exception("tideflow: failed to build a DAG from %s", path)
             result.errors[path] = SpecError(
@@ -97,13 +143,18 @@ def _airflow_import_result() -> tuple[Any, Path | None] | None:
 
 
 def report_errors(errors: dict[Path, SpecError]) -> None:
+    """File each broken file's problems as an import error of that file.
+
+    Under Airflow's importer they join its result (the DagBag logs each one, and
+    the DAG processor records them); elsewhere they are logged and warned.
+    """
     if not errors:
         return
     found = _airflow_import_result()
     for path, error in errors.items():
         first = error.issues[0] if error.issues else None
-        log.error("tideflow: %s", error)
         if found is None:
+            log.error("tideflow: %s", error)
             warnings.warn_explicit(
                 str(error), PipelineImportWarning, str(path), first.line if first else 1
             )
@@ -140,11 +191,19 @@ def register(namespace: dict[str, Any]) -> LoadResult:
     if not pipelines_dir.exists():
         log.error("tideflow: TIDEFLOW_PIPELINES_DIR %s does not exist", pipelines_dir)
         return LoadResult()
-    result = load_dags(pipelines_dir, inventory)
+    only = parsing_for()
+    result = load_dags(pipelines_dir, inventory, only=only)
     for dag_id, dag in result.dags.items():
         namespace[f"tideflow__{dag_id.replace('-', '_')}"] = dag
-    report_errors(result.errors)
+    report_errors(result.errors if only is None else result.errors_for(only))
     return result
+
+
+def parsing_for() -> str | None:
+    """The DAG this parse is for, when Airflow parses the DAG file for one (a task's run)."""
+    from airflow.sdk import get_parsing_context
+
+    return get_parsing_context().dag_id
 
 
 # The text of dags/tideflow_pipelines.py; ``tideflow run`` writes the same file
