@@ -44,6 +44,7 @@ params:
     "all four kinds with templated gang size": HEADER
     + """\
   schedule: "0 2 * * *"
+  paused_at_creation: false
 params:
   workers: {type: int, default: 2, minimum: 1, maximum: 8}
   optimizer: {type: enum, values: [sgd, adam], default: adam}
@@ -187,6 +188,16 @@ steps:
             "unique step names",
         ],
     ),
+    "paused_at_creation is true, false or null": (
+        HEADER
+        + """\
+  paused_at_creation: 0
+steps:
+  - name: prep
+    data_prep: {entrypoint: "a:b"}
+""",
+        [f"{FILE}:6:23: metadata.paused_at_creation: expected true or false, got 0; true or false"],
+    ),
     "invalid cron": (
         HEADER
         + """\
@@ -238,6 +249,38 @@ steps:
             "bounds only on 'int' or 'float' parameters",
             f"{FILE}:13:18: steps[0].data_prep.args.lr: template refers to undeclared param "
             "'lrr'; did you mean 'lr'? declared params: lr, name",
+        ],
+    ),
+    "gate metrics the upstream evaluation does not declare": (
+        HEADER
+        + """\
+steps:
+  - name: train
+    gang_training: {entrypoint: "a:b", workers: 1}
+  - name: evaluate
+    needs: [train]
+    evaluation: {entrypoint: "a:c", metrics: [accuracy, loss]}
+  - name: report
+    needs: [evaluate]
+    data_prep: {entrypoint: "a:d"}
+  - name: promote
+    needs: [report]
+    promote_checkpoint:
+      model: m
+      gate:
+        metric: auc
+        thresholds:
+          acuracy: {min: 0.9}
+          loss: {max: 0.5}
+""",
+        [
+            f"{FILE}:20:17: steps[3].promote_checkpoint.gate.metric: gate metric 'auc' is not "
+            "a metric of evaluation step 'evaluate', which the promotion reads; one of its "
+            "declared metrics: accuracy, loss",
+            f"{FILE}:22:11: steps[3].promote_checkpoint.gate.thresholds.acuracy: threshold "
+            "metric 'acuracy' is not a metric of evaluation step 'evaluate', which the "
+            "promotion reads; did you mean 'accuracy'? one of its declared metrics: "
+            "accuracy, loss",
         ],
     ),
     "duplicate yaml key": (
@@ -329,6 +372,42 @@ steps:
     assert parse_model(template.format(workers=2), FILE, PipelineSpec, cluster)
     with pytest.raises(SpecError, match="room for at most 4 such workers"):
         parse_model(template.format(workers=8), FILE, PipelineSpec, cluster)
+
+
+def test_the_gate_is_checked_against_the_nearest_upstream_evaluation() -> None:
+    """The promotion reads the metrics of the nearest evaluation upstream (as the compiler
+    wires it): a metric only a farther one declares is an error; a templated gate metric is
+    left to the run (a metric missing then fails the step)."""
+    text = (
+        HEADER
+        + """\
+params:
+  gate_metric: {type: string, default: auc}
+steps:
+  - name: train
+    gang_training: {entrypoint: "a:b", workers: 1}
+  - name: eval-a
+    needs: [train]
+    evaluation: {entrypoint: "a:c", metrics: [f1]}
+  - name: eval-b
+    needs: [eval-a]
+    evaluation: {entrypoint: "a:c", metrics: [accuracy]}
+  - name: promote
+    needs: [eval-b]
+    promote_checkpoint:
+      model: m
+      gate: {metric: GATE}
+"""
+    )
+    assert parse_model(text.replace("GATE", "accuracy"), FILE, PipelineSpec)
+    assert parse_model(text.replace("GATE", '"{{ params.gate_metric }}"'), FILE, PipelineSpec)
+    with pytest.raises(SpecError) as caught:
+        parse_model(text.replace("GATE", "f1"), FILE, PipelineSpec)
+    assert [str(i) for i in caught.value.issues] == [
+        f"{FILE}:21:22: steps[3].promote_checkpoint.gate.metric: gate metric 'f1' is not a "
+        "metric of evaluation step 'eval-b', which the promotion reads; one of its declared "
+        "metrics: accuracy"
+    ]
 
 
 def test_real_file_errors_name_the_path(tmp_path: Path) -> None:

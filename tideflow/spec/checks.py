@@ -1,4 +1,4 @@
-"""Rules that span steps: names, ``needs``, cycles, template params, gang fit.
+"""Rules that span steps: names, ``needs``, cycles, template params, gang fit, gate metrics.
 
 They run on the raw YAML data, so a graph problem is reported even when some
 other field of the same step is also wrong.
@@ -178,6 +178,73 @@ class _Checker:
                             key=True,
                         )
 
+    def nearest_upstream(self, index: int, kind: str) -> int | None:
+        """The closest step of ``kind`` that step ``index`` needs, directly or through others.
+
+        Breadth-first over ``needs``, as the compiler finds the step whose outputs
+        a step reads (``tideflow.compile.dag_plan``).
+        """
+        by_name: dict[str, int] = {}
+        for position, step in self.steps():
+            name = step.get("name")
+            if isinstance(name, str):
+                by_name.setdefault(name, position)
+        steps = dict(self.steps())
+        frontier = list(_needs(steps[index]))
+        seen: set[str] = set()
+        while frontier:
+            name = frontier.pop(0)
+            if name in seen or name not in by_name:
+                continue
+            seen.add(name)
+            upstream = steps[by_name[name]]
+            if isinstance(upstream.get(kind), dict):
+                return by_name[name]
+            frontier.extend(_needs(upstream))
+        return None
+
+    def check_gate_metrics(self) -> None:
+        """A promotion's gate names only metrics its upstream evaluation step declares.
+
+        The gate reads the metrics of the nearest upstream evaluation step; a
+        metric it does not declare would be missing at every run.
+        """
+        for index, step in self.steps():
+            block = step.get("promote_checkpoint")
+            gate = block.get("gate") if isinstance(block, dict) else None
+            if not isinstance(gate, dict):
+                continue
+            source = self.nearest_upstream(index, "evaluation")
+            if source is None:
+                continue
+            evaluation = self.data["steps"][source]
+            declared = evaluation["evaluation"].get("metrics")
+            if not isinstance(declared, list) or not all(isinstance(m, str) for m in declared):
+                continue  # reported by the model validation
+            base: Path = ("steps", index, "promote_checkpoint", "gate")
+            where = f"evaluation step '{evaluation.get('name')}'"
+            metric = gate.get("metric")
+            if isinstance(metric, str) and "{{" not in metric and metric not in declared:
+                self.add(
+                    (*base, "metric"),
+                    f"gate metric '{metric}' is not a metric of {where}, which the promotion reads",
+                    f"{did_you_mean(metric, declared)}one of its declared metrics: "
+                    f"{', '.join(declared)}",
+                )
+            thresholds = gate.get("thresholds")
+            if not isinstance(thresholds, dict):
+                continue
+            for name in thresholds:
+                if isinstance(name, str) and name not in declared:
+                    self.add(
+                        (*base, "thresholds", name),
+                        f"threshold metric '{name}' is not a metric of {where}, which the "
+                        "promotion reads",
+                        f"{did_you_mean(name, declared)}one of its declared metrics: "
+                        f"{', '.join(declared)}",
+                        key=True,
+                    )
+
     def resolve_default(self, value: Any) -> Any:
         """A templated field's value at the param's default, or None if not resolvable."""
         if isinstance(value, int):
@@ -218,6 +285,11 @@ class _Checker:
             )
 
 
+def _needs(step: dict[str, Any]) -> list[str]:
+    needs = step.get("needs")
+    return [n for n in needs if isinstance(n, str)] if isinstance(needs, list) else []
+
+
 def cross_step_issues(
     data: Any, file: str, positions: Positions, inventory: ClusterCapacity | None
 ) -> list[SpecIssue]:
@@ -227,6 +299,7 @@ def cross_step_issues(
     checker.check_graph()
     checker.check_param_refs()
     checker.check_gang_bodies()
+    checker.check_gate_metrics()
     if inventory is not None:
         checker.check_gang_fit(inventory)
     return checker.issues
