@@ -58,6 +58,7 @@ class GangTrainingOperator(TideflowOperator):
         env: dict[str, str] | None = None,
         checkpoint: dict[str, Any] | None = None,
         max_restarts: int | str = 3,
+        hang_timeout: int | None = 1800,
         priority: int = 0,
         preemptible: bool = True,
         min_workers: int | str | None = None,
@@ -78,6 +79,7 @@ class GangTrainingOperator(TideflowOperator):
         self.env = env or {}
         self.checkpoint = checkpoint or {"keep_last": 3}
         self.max_restarts = max_restarts
+        self.hang_timeout = hang_timeout
         self.priority = priority
         self.preemptible = preemptible
         self.min_workers = min_workers
@@ -148,6 +150,7 @@ class GangTrainingOperator(TideflowOperator):
             "devices_per_worker": self.devices_per_worker,
             "priority": self.priority,
             "preemptible": self.preemptible,
+            "hang_timeout": self.hang_timeout,
         }
 
     def _deadline(self, context: Context) -> float:

@@ -3,8 +3,12 @@ workers), and the failure signature is read from what workers really print."""
 
 from __future__ import annotations
 
+import re
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -104,3 +108,51 @@ def test_only_the_same_rank_step_and_cause_count_as_deterministic(tmp_path: Path
 def test_reading_an_exception_from_any_log_never_fails(text: str) -> None:
     found = last_exception(text)
     assert found is None or (found[0] and found[0] in found[1])
+
+
+@pytest.mark.timeout(180)
+def test_a_hang_is_noticed_its_stacks_dumped_and_a_second_hang_fails_the_gang(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 waits forever at step 12; hang_timeout 5 s (TIDEFLOW_HANG_TIMEOUT_S, which
+    the step's ``hang_timeout`` sets)."""
+    backend = LocalBackend(tmp_path / "gangs")
+    job = bug_gang("hang", tmp_path, "--hang")
+    job = replace(job, env={**job.env, "TIDEFLOW_HANG_TIMEOUT_S": "5"})
+    started = time.monotonic()
+    backend.submit(job)
+    status = backend.wait("hang", 150)
+    log = backend.log_path("hang").read_text()
+    assert status.state is GangState.FAILED and status.restarts == 1, log[-3000:]
+    assert "hang at step 12 (each rank's stacks are in its log) on two attempts in a row" in (
+        status.message
+    )
+    assert "no training progress for" in log and "exiting 77" in log
+    # faulthandler's dump of the hung rank: where it waits, in the user's code
+    assert re.search(r"\[rank 1\] .*File \".*deterministic_bug\.py\", line \d+ in main", log)
+    assert time.monotonic() - started < 2 * (5 + 10) + 60  # two hangs, each caught in ~5-10 s
+
+
+@pytest.mark.parametrize(
+    ("declared", "expected"),
+    [({}, "1800"), ({"hang_timeout": 120}, "120"), ({"hang_timeout": None}, None)],
+)
+def test_the_steps_hang_timeout_reaches_every_worker(
+    tmp_path: Path, declared: dict[str, Any], expected: str | None
+) -> None:
+    from tideflow.gangs import resolve_gang
+    from tideflow.spec.models import GangTraining
+
+    config = {"entrypoint": ["python", "train.py"], "workers": 2, **declared}
+    GangTraining.model_validate(config)  # what the spec accepts
+    gang = resolve_gang(
+        pipeline="p",
+        team="t",
+        run_id="r",
+        step="train",
+        config=config,
+        artifact_root=tmp_path.as_uri(),
+        allowed_roots=[tmp_path.as_uri()],
+    )
+    assert gang.env.get("TIDEFLOW_HANG_TIMEOUT_S") == expected
+    assert gang.cluster_job().env.get("TIDEFLOW_HANG_TIMEOUT_S") == expected

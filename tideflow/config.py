@@ -20,6 +20,9 @@ BACKENDS = ("local", "kubernetes")
 # Where a gang worker's runtime records its training progress (the step it last
 # reached): the supervisor reads it to tell a deterministic failure from a flaky one.
 PROGRESS_FILE_ENV = "TIDEFLOW_PROGRESS_FILE"
+# Seconds without progress after which a worker's runtime calls itself hung (exit 77).
+HANG_TIMEOUT_ENV = "TIDEFLOW_HANG_TIMEOUT_S"
+EXIT_HUNG = 77
 
 
 def _backend() -> str:

@@ -1,13 +1,15 @@
 """A DDP script with a bug that hits rank 1 at the same step on every attempt.
 
-    python deterministic_bug.py --bad-step 12 [--only-first-attempt]
+    python deterministic_bug.py --bad-step 12 [--only-first-attempt] [--hang]
 
 With ``--only-first-attempt`` the bug hits the first attempt only (a flaky
-failure: a restart cures it).
+failure: a restart cures it). With ``--hang`` the bug is a hang instead of an
+exception: rank 1 waits forever at that step, as on a lock it never gets.
 """
 
 import argparse
 import os
+import threading
 
 import torch
 import torch.distributed as dist
@@ -22,6 +24,7 @@ def main() -> None:
     parser.add_argument("--bad-step", type=int, required=True)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--only-first-attempt", action="store_true")
+    parser.add_argument("--hang", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -33,6 +36,8 @@ def main() -> None:
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     while step < args.steps:
         if rank == 1 and step == args.bad_step and (first_attempt or not args.only_first_attempt):
+            if args.hang:
+                threading.Event().wait()  # a lock that is never released
             raise ValueError(f"bad record in shard {step}")
         loss = model(torch.randn(8, 4)).pow(2).mean()
         optimizer.zero_grad()

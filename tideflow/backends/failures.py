@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tideflow.config import EXIT_HUNG
+
 # The line that ends a Python traceback: "ValueError: ...", "pkg.mod.Error: ..." or a bare name.
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(:|$)")
 # torch.distributed prefixes a worker's uncaught traceback with its rank.
@@ -44,6 +46,8 @@ class FailureSignature:
 
     def describe(self) -> str:
         at = f" at step {self.step}" if self.step is not None else ""
+        if self.cause == "hang":  # every rank stops; which one waits for whom, the stacks say
+            return f"hang{at} (each rank's stacks are in its log)"
         return f"rank {self.rank}: {self.cause}{at}"
 
 
@@ -71,6 +75,8 @@ def progress_step(path: Path) -> int | None:
 
 def signature(rank: int, code: int, log_text: str, progress: Path) -> FailureSignature:
     """The signature of rank ``rank`` dying with ``code`` (negative: a signal)."""
+    if code == EXIT_HUNG:  # the runtime's watchdog: no progress for hang_timeout
+        return FailureSignature(rank, progress_step(progress), "hang")
     found = last_exception(log_text) if code > 0 else None
     if found is None:
         cause = f"signal {-code}" if code < 0 else f"exit code {code}"
@@ -81,7 +87,11 @@ def signature(rank: int, code: int, log_text: str, progress: Path) -> FailureSig
 
 
 def first_cause(signatures: list[FailureSignature]) -> FailureSignature:
-    """The failure that caused the others: the first rank not dying of a lost peer."""
+    """The failure that caused the others: the first rank not dying of a lost peer; of
+    hung ranks, the one that reached the lowest step (the others wait for it)."""
+    hung = [s for s in signatures if s.cause == "hang"]
+    if hung and len(hung) == len(signatures):
+        return min(hung, key=lambda s: (s.step is None, s.step or 0, s.rank))
     return next((s for s in signatures if not s.peer_lost), signatures[0])
 
 

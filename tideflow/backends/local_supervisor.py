@@ -9,6 +9,8 @@ restart failed exactly as the attempt before it (``tideflow.backends.failures``)
 Exit codes of workers that mean something here:
   75  preempted after committing a checkpoint: resumable, never restarted here
   76  stopped by the training-health guard: restarting would not help
+  77  hung (no progress for hang_timeout; the stacks are in its log): restarted,
+      unless the restart hangs at the same step
 Signals to the supervisor: SIGTERM cancels the gang, SIGUSR1 preempts it.
 """
 
@@ -27,7 +29,7 @@ from typing import IO
 
 from tideflow.backends.failures import FailureSignature, first_cause, is_deterministic, signature
 from tideflow.backends.protocol import GangJob, GangState, GangStatus, WorkerSlot
-from tideflow.config import PROGRESS_FILE_ENV
+from tideflow.config import EXIT_HUNG, PROGRESS_FILE_ENV
 
 EXIT_PREEMPTED = 75
 EXIT_UNHEALTHY = 76
@@ -244,6 +246,8 @@ class Supervisor:
         """Stop the gang after ``failed``; restart it (None) or end it failed."""
         rank, code = failed[0]
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        if code == EXIT_HUNG:
+            how = "hung: no training progress for its hang_timeout; stacks in its log"
         self.event(f"rank {rank} died ({how}); stopping the whole gang")
         self.stop_all(STOP_GRACE_S)
         failure = self.failure(failed)

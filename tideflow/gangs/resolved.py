@@ -17,6 +17,7 @@ from typing import Any
 
 from tideflow.backends.protocol import GangJob, WorkerSlot
 from tideflow.checkpoint.policy import checkpoint_env
+from tideflow.config import HANG_TIMEOUT_ENV
 from tideflow.kube.names import dns_label
 from tideflow.scheduling import GangRequest
 from tideflow.scheduling.model import DeviceClass
@@ -25,6 +26,8 @@ from tideflow.steps.commands import args_argv
 from tideflow.steps.context import StepContext
 from tideflow.storage import safe_segment
 from tideflow.storage.roots import check_root, gang_store
+
+DEFAULT_HANG_TIMEOUT_S = 1800  # the spec's default, for configs written without the field
 
 
 def gang_id_for(pipeline: str, run_id: str, step: str) -> str:
@@ -167,6 +170,9 @@ def resolve_gang(
         **checkpoint_env(checkpoint, store),
         "TIDEFLOW_GANG_ID": gang_id,
     }
+    hang = config.get("hang_timeout", DEFAULT_HANG_TIMEOUT_S)
+    if hang not in (None, ""):
+        env[HANG_TIMEOUT_ENV] = str(int(hang))
     workers = int(config["workers"])
     minimum = config.get("min_workers")
     entrypoint = config["entrypoint"]
