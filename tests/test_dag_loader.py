@@ -106,9 +106,17 @@ def test_a_parse_for_one_dag_builds_it_and_reports_only_its_own_errors(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through a real DagBag, as the DAG processor parses and as a task parses."""
-    from airflow.sdk.definitions._internal.dag_parsing_context import (
-        _airflow_parsing_context_manager,
+    from airflow.sdk.definitions.context import (
+        _AIRFLOW_PARSING_CONTEXT_DAG_ID,
+        _AIRFLOW_PARSING_CONTEXT_TASK_ID,
     )
+
+    def parse_for(dag_id: str, task_id: str):  # type: ignore[no-untyped-def]
+        """As the task runner parses (its context manager leaves the variables set)."""
+        with monkeypatch.context() as context:
+            context.setenv(_AIRFLOW_PARSING_CONTEXT_DAG_ID, dag_id)
+            context.setenv(_AIRFLOW_PARSING_CONTEXT_TASK_ID, task_id)
+            return dagbag(repo)
 
     shutil.copy(repo / "pipelines" / "digits.yaml", tmp_path)
     shutil.copy(Path(__file__).parent / "data" / "pipelines" / "full.yaml", tmp_path)
@@ -122,17 +130,59 @@ def test_a_parse_for_one_dag_builds_it_and_reports_only_its_own_errors(
     assert sorted(bag.dag_ids) == ["digits", "full"]
     assert sorted(bag.import_errors) == [str(broken), str(unreadable)]
     # a task of digits: its DAG only, and no other file's problems
-    with _airflow_parsing_context_manager(dag_id="digits", task_id="train"):
-        bag = dagbag(repo)
+    bag = parse_for("digits", "train")
     assert bag.dag_ids == ["digits"]
     assert bag.import_errors == {}
     # a task of the broken pipeline: its own problems, and those of a file whose name
     # cannot be read (it may be the one), since its DAG cannot be built
-    with _airflow_parsing_context_manager(dag_id="broken", task_id="a"):
-        bag = dagbag(repo)
+    bag = parse_for("broken", "a")
     assert bag.dag_ids == []
     assert sorted(bag.import_errors) == [str(broken), str(unreadable)]
     assert "steps[0].data_prep.workerz: unknown field 'workerz'" in bag.import_errors[str(broken)]
+
+
+def test_paused_at_creation_is_how_airflow_creates_the_dag(repo: Path, tmp_path: Path) -> None:
+    """A real `airflow dag-processor` run creates each DAG paused or not, as its file says."""
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    digits = (repo / "pipelines" / "digits.yaml").read_text()
+    shutil.copy(repo / "pipelines" / "digits.yaml", pipelines)  # unset: Airflow's default
+    for name, paused in (("active", "false"), ("held", "true")):
+        (pipelines / f"{name}.yaml").write_text(
+            digits.replace("  name: digits\n", f"  name: {name}\n  paused_at_creation: {paused}\n")
+        )
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
+        "TIDEFLOW_PIPELINES_DIR": str(pipelines),
+    }
+    probe = (
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(repo / 'dags' / 'tideflow_pipelines.py')!r})\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "print({d: bag.dags[d].is_paused_upon_creation for d in sorted(bag.dag_ids)})\n"
+    )
+    airflow = str(Path(sys.executable).with_name("airflow"))
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            args, env=env, capture_output=True, text=True, timeout=180, check=False
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    assert "{'active': False, 'digits': None, 'held': True}" in run(sys.executable, "-c", probe)
+    run(airflow, "db", "migrate")
+    run(airflow, "dag-processor", "--num-runs", "1")
+    listed = run(airflow, "dags", "list", "-o", "json")
+    dags = json.loads(listed[listed.index("\n[") + 1 :] if not listed.startswith("[") else listed)
+    # Airflow's [core] dags_are_paused_at_creation is true unless a deployment changes it
+    assert {d["dag_id"]: str(d["is_paused"]) for d in dags} == {
+        "active": "False",
+        "digits": "True",
+        "held": "True",
+    }
 
 
 def test_duplicate_pipeline_names_are_an_import_error(

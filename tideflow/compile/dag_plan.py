@@ -104,6 +104,8 @@ class DagPlan:
     # PYTHONPATH of every step process), and where the step images hold them.
     code_path: str | None = None
     code_image_path: str | None = None
+    # metadata.paused_at_creation: Airflow's is_paused_upon_creation (None: its config's).
+    paused_at_creation: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,6 +227,7 @@ def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
         tasks=tuple(tasks),
         code_path=str(code_dir) if code_dir is not None else None,
         code_image_path=spec.code.image_path if spec.code is not None else None,
+        paused_at_creation=meta.paused_at_creation,
     )
 
 

@@ -112,6 +112,8 @@ def build_dag(plan: DagPlan, source: Path | None = None) -> DAG:
         schedule=plan.schedule,
         start_date=START_DATE,
         catchup=False,
+        # None keeps Airflow's [core] dags_are_paused_at_creation; only a new DAG is affected.
+        is_paused_upon_creation=plan.paused_at_creation,
         tags=list(plan.tags),
         params={name: Param(p.default, **p.param_kwargs()) for name, p in plan.params.items()},
         default_args={"owner": ", ".join(plan.owners) or plan.team},

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictBool,
     field_validator,
     model_validator,
 )
@@ -71,6 +72,14 @@ class Metadata(SpecModel):
         default=None,
         description="Cron expression (5 fields), an Airflow preset such as '@daily', "
         "or null for manual runs only.",
+    )
+    paused_at_creation: StrictBool | None = Field(
+        default=None,
+        description="Whether Airflow creates the DAG paused (true) or active (false) when "
+        "it first sees the pipeline; null: the deployment's [core] "
+        "dags_are_paused_at_creation (true unless changed). Only at creation: afterwards "
+        "the UI's toggle, 'airflow dags pause|unpause' or the REST API decide. A paused "
+        "DAG's runs, a REST trigger's too, wait as 'queued' until it is unpaused.",
     )
 
     @field_validator("schedule")
