@@ -185,6 +185,7 @@ def test_a_gang_step_past_its_timeout_stops_its_gang_and_frees_its_lease(
     started = time.monotonic()
     dag_run = run_dag(pipeline(tmp_path, mode="sleep", name="hangs", timeout="15s"), monkeypatch)
     elapsed = time.monotonic() - started
+    print(f"timeout 15s: the run ended {elapsed:.1f}s after it started")
     assert states(dag_run) == {"train": "failed"}
     assert "ran past its timeout (0:00:15)" in capfd.readouterr().out
     assert elapsed < 15 + 45  # the limit, one trigger poll, the workers' stop grace
