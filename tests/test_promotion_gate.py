@@ -5,15 +5,20 @@ A gate metric the challenger was not scored on is a misconfiguration, never a
 rejection. Then ``promote`` against a real MLflow server (registry included)
 with real checkpoints in a file store: an identical model registers nothing,
 and a gate metric the evaluation lacks fails before the registry is touched.
+Last, whole pipelines through Airflow's ``dag.test()`` on that server: the
+version promoted is the checkpoint the evaluation chose, and a gate metric the
+evaluation lacks fails the promote task at once, without its retries.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.scored_runs import run_pipeline, scored_pipeline, step_run, xcom_of
 from tideflow.promotion import GateConfigError, decide
 
 GATE = {
@@ -223,5 +228,102 @@ def test_a_gate_metric_the_evaluation_lacks_fails_the_promotion(
     assert "step 'promote' is misconfigured" in str(caught.value)
     assert "reads metric(s) auc, which the evaluation did not produce" in str(caught.value)
     assert "(its metrics: accuracy, loss)" in str(caught.value)
+    with pytest.raises(MlflowException):
+        registry.get_registered_model(model)
+
+
+# -- through Airflow -------------------------------------------------------------------------
+
+
+def promote_step(model: str, gate: str, retries: int = 0) -> str:
+    return (
+        "  - name: promote\n"
+        "    needs: [evaluate]\n"
+        f"    retries: {retries}\n"
+        "    promote_checkpoint:\n"
+        f"      model: {model}\n"
+        "      builder: tests.step_entrypoints:log_constant_model\n"
+        f"      gate: {gate}\n"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_home")
+def test_airflow_promotes_the_checkpoint_the_evaluation_chose(
+    registry: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gang's newest checkpoint is step 30, its best by keep_best step 20: the evaluation
+    (checkpoint: best by default) scores step 20, and the version registered is step 20,
+    tagged with how it was chosen, as the promotion's run is."""
+    model = "best-of-gang"
+    gate = "{metric: accuracy, thresholds: {accuracy: {min: 0.9}}}"
+    path = scored_pipeline(tmp_path, "promote-best", tail=promote_step(model, gate))
+    dag_run = run_pipeline(path, monkeypatch)
+    assert str(dag_run.state) == "success"
+    evaluated = xcom_of(dag_run, "evaluate")
+    assert evaluated["checkpoint_step"] == 20
+    assert xcom_of(dag_run, "train")["checkpoint_step"] == 30
+    assert xcom_of(dag_run, "promote")["decision"] == "promoted"
+
+    version = registry.get_model_version_by_alias(model, "champion")
+    tags = version.tags
+    assert tags["tideflow.checkpoint"] == evaluated["checkpoint"]
+    assert tags["tideflow.checkpoint"].endswith("/step-000000000020/MANIFEST.json")
+    assert tags["tideflow.checkpoint_checksum"] == evaluated["checkpoint_checksum"]
+    assert tags["tideflow.checkpoint_step"] == "20"
+    assert tags["tideflow.checkpoint_choice"] == "best"
+    assert tags["tideflow.checkpoint_selected"] == "best"
+    assert "best by val_accuracy (max): 0.9510 at step 20" in tags["tideflow.checkpoint_reason"]
+    assert tags["tideflow.metric.accuracy"] == "0.951"
+    run = step_run("promote-best", "promote", dag_run.run_id)
+    assert run.data.tags["tideflow.checkpoint_step"] == "20"
+    assert run.data.tags["tideflow.checkpoint_choice"] == "best"
+    # the copy kept out of retention's reach is that checkpoint too
+    audits = [
+        json.loads(value)
+        for key, value in registry.get_registered_model(model).tags.items()
+        if key.startswith("tideflow.audit.")
+    ]
+    (promoted,) = [a for a in audits if a["what"].startswith("promoted version")]
+    assert promoted["checkpoint_step"] == 20
+    from tideflow.checkpoint import CheckpointManager
+
+    (copied,) = CheckpointManager(promoted["promoted_copy"].rsplit("/step-", 1)[0]).committed()
+    assert copied.step == 20 and copied.meta["source"] == evaluated["checkpoint"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("airflow_home")
+def test_airflow_fails_a_gate_metric_the_evaluation_lacks_without_retrying(
+    registry: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A templated gate metric passes validate; at run time 'auc' is not among the
+    evaluation's metrics: the task fails (AirflowFailException: its 2 retries unused), the
+    promotion's run is closed FAILED with the reason, and the registry is untouched."""
+    from mlflow.exceptions import MlflowException
+
+    model = "misconfigured-gate"
+    path = scored_pipeline(
+        tmp_path,
+        "promote-auc",
+        tail=promote_step(model, '{metric: "{{ params.gate_metric }}"}', retries=2),
+    )
+    path.write_text(
+        path.read_text().replace(
+            "steps:\n", "params:\n  gate_metric: {type: string, default: auc}\nsteps:\n", 1
+        )
+    )
+    dag_run = run_pipeline(path, monkeypatch)
+    assert str(dag_run.state) == "failed"
+    (promote,) = [ti for ti in dag_run.get_task_instances() if ti.task_id == "promote"]
+    assert str(promote.state) == "failed" and promote.try_number == 1
+    assert xcom_of(dag_run, "evaluate")["metrics"].keys() == {"accuracy", "loss"}
+    run = step_run("promote-auc", "promote", dag_run.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["tideflow.decision"] == "failed"
+    assert (
+        "reads metric(s) auc, which the evaluation did not produce"
+        in run.data.tags["tideflow.reason"]
+    )
     with pytest.raises(MlflowException):
         registry.get_registered_model(model)
