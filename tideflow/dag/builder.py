@@ -46,6 +46,7 @@ def _operator_kwargs(task: TaskPlan, plan: DagPlan) -> dict[str, Any]:
         )
         return {
             **{key: config[key] for key in keys},
+            "hang_timeout": config.get("hang_timeout"),
             "worker_resources": config["resources"],
             "image": task.image,
             "code_image_path": plan.code_image_path,
@@ -59,8 +60,6 @@ def _operator_kwargs(task: TaskPlan, plan: DagPlan) -> dict[str, Any]:
             "devices": tuple(config["devices"]),
             "metrics": tuple(config["metrics"]),
             "sources": task.sources,
-            "checkpoint": config["checkpoint"],
-            "keep_best": plan.keep_best_of(task),
         }
     if task.kind == "promote_checkpoint":
         config = task.config

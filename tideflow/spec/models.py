@@ -341,6 +341,12 @@ class GangTraining(StepBody):
     device: Device = Device(**{"class": "cpu"})
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     max_restarts: templated_int(ge=0, le=100) = 3  # type: ignore[valid-type]
+    hang_timeout: DurationSeconds | None = Field(
+        default=1800,
+        description="A gang whose workers make no training progress for this long is "
+        "stopped with each rank's stacks in its log and restarted (a second hang at the "
+        "same step fails it); null: never. Seconds, or a duration such as '30m'.",
+    )
     priority: int = Field(default=0, ge=-1000, le=1000)
     preemptible: bool = True
     resources: WorkerResources = WorkerResources()
@@ -366,13 +372,6 @@ class Evaluation(StepBody):
         description="Device classes in order of preference.",
     )
     metrics: tuple[str, ...] = Field(min_length=1)
-    checkpoint: Literal["best", "latest"] = Field(
-        default="best",
-        description="Which committed checkpoint of the upstream gang step to evaluate (and "
-        "so to promote): 'best' by the gang's checkpoint.keep_best metric (the latest when "
-        "it declares none or no checkpoint has that metric; the reason is logged), or "
-        "'latest'.",
-    )
 
 
 class Threshold(SpecModel):
@@ -381,21 +380,10 @@ class Threshold(SpecModel):
 
 
 class Gate(SpecModel):
-    metric: str = Field(
-        description="Metric compared with the current champion; one of the metrics the "
-        "upstream evaluation step declares."
-    )
+    metric: str = Field(description="Metric compared with the current champion.")
     mode: Literal["max", "min"] = "max"
-    min_delta: templated_float(ge=0) = Field(  # type: ignore[valid-type]
-        default=0.0,
-        description="The challenger must beat the champion by more than this; a tie "
-        "never promotes.",
-    )
-    thresholds: dict[str, Threshold] = Field(
-        default_factory=dict,
-        description="Bounds (min, max) per metric; each one of the metrics the upstream "
-        "evaluation step declares.",
-    )
+    min_delta: templated_float(ge=0) = 0.0  # type: ignore[valid-type]
+    thresholds: dict[str, Threshold] = Field(default_factory=dict)
 
 
 class PromoteCheckpoint(SpecModel):

@@ -2,9 +2,7 @@
 
 The device is decided here, at compile time: the first of the step's
 preferences that the cluster inventory has, or the first (a known limit: not
-whichever is free when the step starts). The executor evaluates the checkpoint
-the step's ``checkpoint`` names: the best by the gang step's ``keep_best``
-(given here, from the plan), or the latest.
+whichever is free when the step starts).
 """
 
 from __future__ import annotations
@@ -28,9 +26,7 @@ def evaluation_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemp
     gang = task.sources.get("checkpoint")
     if gang is not None:
         extra += ["--checkpoint-store", output_of(gang, "checkpoint_store", inputs)]
-    doc = {k: config[k] for k in ("entrypoint", "args", "metrics", "checkpoint")}
-    # checkpoint: best ranks the gang's checkpoints by its keep_best metric
-    doc["keep_best"] = ctx.plan.keep_best_of(task)
+    doc = {k: config[k] for k in ("entrypoint", "args", "metrics")}
     args = executor_args(ctx, task, doc, base, inputs, extra=extra)
     env = {
         **ctx.code_env(step_env(ctx, task, base, inputs)),
