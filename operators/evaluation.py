@@ -4,9 +4,11 @@ The device is the first of the step's preferences that can be had now (see
 ``tideflow.scheduling.preference``); when none can and the CPU is not allowed,
 the task defers until one frees up, holding nothing. The entry point gets the
 device through ``TIDEFLOW_DEVICE_CLASS`` (``tideflow.runtime.device_for_class``
-turns it into a ``torch.device``), the checkpoint produced upstream through its
-args, and returns the declared metrics, which go to the step's MLflow run and
-downstream through XCom.
+turns it into a ``torch.device``), a checkpoint of the upstream gang step through
+its args (``checkpoint``: the best by the gang's ``keep_best`` metric, or the
+latest; ``tideflow.steps.evaluation.select_checkpoint``), and returns the
+declared metrics, which go to the step's MLflow run and downstream through XCom
+with the checkpoint and how it was chosen (promotion promotes that checkpoint).
 """
 
 from __future__ import annotations
@@ -22,14 +24,22 @@ from tideflow.operators.base import TideflowOperator, finish_tracking, track_ste
 from tideflow.operators.entrypoints import EntryPointRunner
 from tideflow.operators.triggers import DeviceTrigger
 from tideflow.steps.entrypoints import StepError
-from tideflow.steps.evaluation import checkpoint_facts, declared_metrics, entrypoint_args
+from tideflow.steps.evaluation import (
+    DEFAULT_CHECKPOINT_CHOICE,
+    SELECTION_OUTPUT,
+    Selection,
+    checkpoint_facts,
+    declared_metrics,
+    entrypoint_args,
+    select_checkpoint,
+)
 
 LEASE_TTL_S = 3600.0
 _VISIBLE = {"gpu": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 
 
 class EvaluationOperator(EntryPointRunner, TideflowOperator):
-    template_fields = ("entrypoint", "args", "env")
+    template_fields = ("entrypoint", "args", "env", "keep_best")
     template_fields_renderers = {"args": "json", "env": "json"}
     ui_color = "#d5f5e3"
 
@@ -42,6 +52,8 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
         args: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         sources: dict[str, str] | None = None,
+        checkpoint: str = DEFAULT_CHECKPOINT_CHOICE,
+        keep_best: dict[str, Any] | None = None,
         poll_s: float = 5.0,
         wait_timeout_s: float = 24 * 3600,
         **kwargs: Any,
@@ -53,6 +65,8 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
         self.args = args or {}
         self.env = env or {}
         self.sources = sources or {}
+        self.checkpoint = checkpoint
+        self.keep_best = keep_best
         self.poll_s = poll_s
         self.wait_timeout_s = wait_timeout_s
 
@@ -132,11 +146,25 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
                 raise AirflowException("tideflow: the granted device lease expired")
         return self._evaluate(context, event["preference"], event["device_class"], lease)
 
-    def _upstream(self, context: Context) -> dict[str, Any]:
+    def _checkpoint(self, context: Context) -> tuple[dict[str, Any], Selection | None]:
+        """The checkpoint facts for the entry point, and how that checkpoint was chosen."""
         source = self.sources.get("checkpoint")
         if source is None:
-            return {}
-        return checkpoint_facts(context["ti"].xcom_pull(task_ids=source) or {})
+            return {}, None
+        upstream = checkpoint_facts(context["ti"].xcom_pull(task_ids=source) or {})
+        if not upstream.get("checkpoint_store"):
+            return upstream, None
+        try:
+            selection = select_checkpoint(
+                str(upstream["checkpoint_store"]),
+                self.checkpoint,
+                self.keep_best,
+                latest=upstream,
+                log=self.log.info,
+            )
+        except StepError as exc:
+            raise (AirflowFailException if exc.final else AirflowException)(str(exc)) from exc
+        return selection.facts, selection
 
     def _evaluate(
         self, context: Context, preference: str, device_class: str, lease: Any
@@ -159,10 +187,12 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
                 )
         label = f"{where} ({preference}{', emulated on the CPU' if emulated else ''})"
         self.log.info("tideflow: evaluating on %s", label)
-        upstream = self._upstream(context)
-        args = entrypoint_args(upstream, self.args)
         run_id = track_step(self, context, "evaluation")
         try:
+            upstream, selection = self._checkpoint(context)
+            if upstream.get("checkpoint"):
+                self.log.info("tideflow: evaluating checkpoint %s", upstream["checkpoint"])
+            args = entrypoint_args(upstream, self.args)
             outputs = self.run_entrypoint(self.step_context(context), self.entrypoint, args, env)
             try:
                 metrics = declared_metrics(self.task_id, self.entrypoint, self.metrics, outputs)
@@ -185,8 +215,10 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
             tags={
                 "tideflow.device": label,
                 "tideflow.checkpoint": str(upstream.get("checkpoint", "")),
+                **(selection.tags() if selection is not None else {}),
             },
         )
         for name, value in metrics.items():
             self.log.info("tideflow: %s = %.4f", name, value)
-        return {"metrics": metrics, "device": label, **upstream}
+        chosen = {SELECTION_OUTPUT: selection.record()} if selection is not None else {}
+        return {"metrics": metrics, "device": label, **upstream, **chosen}

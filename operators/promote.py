@@ -1,8 +1,12 @@
 """``PromoteCheckpointOperator``: champion/challenger promotion through the MLflow registry.
 
-The challenger is the checkpoint the upstream gang step produced, scored by
-the upstream evaluation step. The gate (``tideflow.promotion.gate``) compares
-it with the version behind the registry alias. On pass: an MLflow model is
+The challenger is the checkpoint of the upstream gang step that the upstream
+evaluation step scored (the one its ``checkpoint`` chose; the gang's newest when
+the evaluation read another gang). The gate (``tideflow.promotion.gate``)
+compares it with the version behind the registry alias: it must beat the
+champion by more than ``min_delta`` (a tie never promotes). A gate metric the
+evaluation did not produce fails the task at once, without retries: the
+pipeline is misconfigured. On pass: an MLflow model is
 built from the checkpoint (the step's ``builder`` entry point), registered as a
 version tagged with its lineage, the alias moves to it (the old champion keeps
 ``previous-champion``), and the checkpoint is copied under ``promoted/`` in
@@ -11,7 +15,8 @@ Every decision is an audit record on the registered model. Re-running the step
 for the same DAG run registers nothing new and moves no alias again. The
 decision and the registry moves are ``tideflow.promotion.promote`` (shared with
 the standalone executor Argo runs); this operator finds the challenger through
-XCom and maps failures to Airflow's exceptions.
+XCom and maps failures to Airflow's exceptions (a final one, such as a
+misconfigured gate, to ``AirflowFailException``).
 """
 
 from __future__ import annotations
@@ -70,9 +75,20 @@ class PromoteCheckpointOperator(EntryPointRunner, TideflowOperator):
             raise AirflowFailException(
                 "tideflow: promotion needs the MLflow Model Registry; set MLFLOW_TRACKING_URI"
             )
+        from tideflow.steps.evaluation import SELECTION_OUTPUT, checkpoint_facts, selection_tags
+
         trained = self._pull(context, "checkpoint")
         scored = self._pull(context, "metrics")
         metrics = {k: float(v) for k, v in (scored.get("metrics") or {}).items()}
+        evaluated = checkpoint_facts(scored)
+        selection: dict[str, str] = {}
+        if evaluated.get("checkpoint") and evaluated.get("checkpoint_store") == trained.get(
+            "checkpoint_store"
+        ):
+            # Promote exactly the checkpoint the evaluation scored (its checkpoint: best
+            # may be an earlier one than the gang's newest).
+            trained = evaluated
+            selection = selection_tags(scored.get(SELECTION_OUTPUT))
         if not trained.get("checkpoint"):
             raise AirflowException("tideflow: the training step reported no checkpoint")
         run_id = track_step(self, context, "promote_checkpoint")
@@ -103,6 +119,7 @@ class PromoteCheckpointOperator(EntryPointRunner, TideflowOperator):
             builder=self.builder,
             builder_args=self.args,
             lineage=lineage,
+            selection=selection,
         )
 
         def build(builder: str | list[str], args: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +128,15 @@ class PromoteCheckpointOperator(EntryPointRunner, TideflowOperator):
         try:
             result = promote(registry.client(), request, build, self.log.info)
         except PromotionError as exc:
-            raise (AirflowFailException if exc.final else AirflowException)(str(exc)) from exc
+            if exc.final:  # misconfigured: nothing a retry can change; the run says why
+                finish_tracking(
+                    self,
+                    run_id,
+                    succeeded=False,
+                    tags={"tideflow.decision": "failed", "tideflow.reason": str(exc)[:4900]},
+                )
+                raise AirflowFailException(str(exc)) from exc
+            raise AirflowException(str(exc)) from exc
         if result.run_tags is not None:
             finish_tracking(self, run_id, succeeded=True, tags=result.run_tags)
         return result.outputs

@@ -32,3 +32,29 @@ def report_device(ctx: StepContext, **args: object) -> dict[str, float | str]:
 def report_types(ctx: StepContext, **args: object) -> dict[str, str]:
     """Outputs each argument as ``type:repr`` so a test can see exactly what arrived."""
     return {name: f"{type(value).__name__}:{value!r}" for name, value in args.items()}
+
+
+def score_checkpoint(
+    ctx: StepContext, checkpoint_store: str, checkpoint_step: int, **args: object
+) -> dict[str, float]:
+    """Scores the checkpoint it is given as its training run did (its val_accuracy)."""
+    from tideflow.checkpoint import CheckpointManager
+
+    manifest = CheckpointManager(checkpoint_store).load(int(checkpoint_step))
+    accuracy = float(manifest.metrics["val_accuracy"])
+    print(f"scored checkpoint step {manifest.step}: accuracy {accuracy:.4f}")
+    return {"accuracy": accuracy, "loss": 1.0 - accuracy}
+
+
+def log_constant_model(ctx: StepContext, run_id: str, **args: object) -> dict[str, str]:
+    """A promotion builder: a tiny real MLflow model logged into the promotion's run."""
+    import mlflow
+    import mlflow.pyfunc
+
+    class Constant(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-defined]
+        def predict(self, context, model_input):  # type: ignore[no-untyped-def]
+            return [1] * len(model_input)
+
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.pyfunc.log_model(name="model", python_model=Constant())
+    return {"model_uri": str(info.model_uri)}

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.scored_runs import KEEP_BEST, SCORES, run_pipeline, scored_pipeline, step_run, xcom_of
 from tideflow.config import Settings
 from tideflow.inventory import inventory_for
 from tideflow.scheduling import (
@@ -200,3 +201,58 @@ def test_on_kubernetes_the_pod_has_the_device_and_the_ledger_is_not_used(
     assert str(dag_run.state) == "success"
     assert xcom(dag_run)["device"] == "cpu (npu, emulated on the CPU)"
     assert {lease.lease_id for lease in book.leases()} == {h.lease_id for h in held}
+
+
+# -- which checkpoint is evaluated -------------------------------------------------------------
+
+
+CHOICES = [
+    # the default: the best by the gang's keep_best, not its newest
+    pytest.param(
+        ("eval-best", KEEP_BEST, ""),
+        (20, "best", "best by val_accuracy (max): 0.9510 at step 20"),
+        id="default-best",
+    ),
+    pytest.param(
+        ("eval-latest", KEEP_BEST, "checkpoint: latest"),
+        (30, "latest", "the step asks for the latest checkpoint"),
+        id="latest",
+    ),
+    pytest.param(
+        ("eval-unranked", "", "checkpoint: best"),
+        (30, "latest", "the gang step declares no checkpoint.keep_best"),
+        id="best-without-keep-best",
+    ),
+]
+
+
+@pytest.mark.usefixtures("airflow_home")
+@pytest.mark.parametrize(("pipeline", "expected"), CHOICES)
+def test_the_evaluation_scores_the_checkpoint_its_checkpoint_field_names(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pipeline: tuple[str, str, str],
+    expected: tuple[int, str, str],
+) -> None:
+    """On Airflow: the entry point gets that checkpoint, the step's MLflow run records the
+    choice, the step and why, and the XCom hands both to promotion."""
+    name, keep_best, evaluation = pipeline
+    step, selected, says = expected
+    path = scored_pipeline(tmp_path, name, keep_best=keep_best, evaluation=evaluation)
+    dag_run = run_pipeline(path, monkeypatch)
+    assert str(dag_run.state) == "success"
+    result = xcom_of(dag_run, "evaluate")
+    assert result["checkpoint_step"] == step
+    assert result["checkpoint"].endswith(f"/step-{step:012d}/MANIFEST.json")
+    assert result["metrics"]["accuracy"] == SCORES[step // 10 - 1]
+    choice = "latest" if "latest" in evaluation else "best"
+    assert result["checkpoint_selection"]["choice"] == choice
+    assert result["checkpoint_selection"]["selected"] == selected
+    assert says in result["checkpoint_selection"]["reason"]
+
+    tags = step_run(name, "evaluate", dag_run.run_id).data.tags
+    assert tags["tideflow.checkpoint"] == result["checkpoint"]
+    assert tags["tideflow.checkpoint_step"] == str(step)
+    assert tags["tideflow.checkpoint_choice"] == choice
+    assert tags["tideflow.checkpoint_selected"] == selected
+    assert says in tags["tideflow.checkpoint_reason"]

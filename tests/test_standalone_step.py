@@ -3,11 +3,12 @@
 The commands come from the compiled WorkflowTemplate itself, with Argo's
 variables filled in as Argo would (tests/argo_run.py): the digits data prep
 writes its split into a file:// artifact root and its output parameters to
-files; the whole workflow then runs here step after step, evaluation logs its
-metrics to an MLflow run, and promotion registers and promotes the checkpoint
-exactly once. The gang step's driver talks to the Kubernetes fake
-(tests/kubefake: no API server or Volcano controller can run here) as its own
-ServiceAccount, and the Job's one worker runs here as a child process.
+files; the whole workflow then runs here step after step, evaluation scores the
+gang's best checkpoint and logs its metrics and that choice to an MLflow run, and
+promotion registers and promotes that checkpoint exactly once. The gang step's
+driver talks to the Kubernetes fake (tests/kubefake: no API server or Volcano
+controller can run here) as its own ServiceAccount, and the Job's one worker
+runs here as a child process.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import yaml
 from tests.argo_run import REPO, run_exit_handler, run_locally, run_task, templates
 from tests.kubefake import KubeFake, gang_cluster
 from tideflow.argo import compile_pipeline
+from tideflow.checkpoint import CheckpointManager
 from tideflow.kube import KubeSettings
 from tideflow.steps.standalone import assign, parse_assignment, read_value
 
@@ -93,9 +95,20 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     )
     evaluated = outputs["evaluate"]
     store = f"{(tmp_path / 'artifacts').as_uri()}/digits/{WORKFLOW}/train/checkpoints"
-    # The gang step reported its store and newest checkpoint; evaluation read that store.
+    # The gang step reported its store and newest checkpoint; evaluation read that store
+    # and scored its best checkpoint by the gang's keep_best (val_accuracy; checkpoint: best
+    # by default), of equals the earliest.
     assert outputs["train"]["checkpoint_store"] == store
-    assert outputs["train"]["checkpoint"] == evaluated["checkpoint"]
+    manifests = CheckpointManager(store).committed()
+    assert outputs["train"]["checkpoint"] == manifests[-1].uri
+    best = max(
+        (m for m in manifests if "val_accuracy" in m.metrics),
+        key=lambda m: m.metrics["val_accuracy"],
+    )
+    assert evaluated["checkpoint"] == best.uri
+    selection = json.loads(evaluated["checkpoint_selection"])
+    assert selection["choice"] == "best" and selection["selected"] == "best"
+    assert selection["step"] == best.step == int(evaluated["checkpoint_step"])
     assert evaluated["checkpoint_store"] == store
     assert (
         evaluated["checkpoint"]
@@ -118,7 +131,10 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     # The exit handler closed the workflow's parent run with the workflow's status.
     assert client.get_run(run.data.tags["mlflow.parentRunId"]).info.status == "FINISHED"
     assert len(client.get_metric_history(train.info.run_id, "loss")) >= 3
-    assert train.data.tags["tideflow.checkpoint.latest"] == evaluated["checkpoint"]
+    assert train.data.tags["tideflow.checkpoint.latest"] == outputs["train"]["checkpoint"]
+    assert run.data.tags["tideflow.checkpoint"] == evaluated["checkpoint"]
+    assert run.data.tags["tideflow.checkpoint_step"] == str(best.step)
+    assert run.data.tags["tideflow.checkpoint_choice"] == "best"
 
     promoted = outputs["promote"]
     assert promoted["decision"] == "promoted" and promoted["version"] == "1"
@@ -126,6 +142,8 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     champion = client.get_model_version_by_alias("digits-classifier", "champion")
     assert str(champion.version) == "1"
     assert champion.tags["tideflow.checkpoint"] == evaluated["checkpoint"]
+    assert champion.tags["tideflow.checkpoint_step"] == str(best.step)
+    assert champion.tags["tideflow.checkpoint_selected"] == "best"
     assert champion.tags["tideflow.training_task"] == "train"
 
     # A retried promotion (same workflow run) registers nothing new and moves nothing.
@@ -198,6 +216,138 @@ def test_no_checkpoint_in_the_store_fails_the_evaluation(tmp_path: Path) -> None
     )
     assert done.returncode == 1
     assert f"no committed checkpoint in {(tmp_path / 'empty').as_uri()}" in done.stderr
+
+
+SCORES = (0.93, 0.951, 0.944)  # steps 10, 20, 30: the run peaked at step 20
+COMMON = ["--pipeline", "p", "--team", "qa", "--run-id", "r"]
+
+
+def scored_store(tmp_path: Path) -> str:
+    """A gang's file store with steps 10, 20, 30 committed, scored SCORES by val_accuracy."""
+    from tideflow.checkpoint import CheckpointManager
+
+    uri = (tmp_path / "checkpoints").as_uri()
+    manager = CheckpointManager(uri)
+    for index, score in enumerate(SCORES):
+        step = 10 * (index + 1)
+        manager.save(step, {"model.pt": f"weights at {step}".encode()}, {"val_accuracy": score})
+    return uri
+
+
+@pytest.mark.parametrize(
+    ("choice", "keep_best", "step", "says"),
+    [
+        ("best", {"metric": "val_accuracy", "mode": "max"}, 20, "best by val_accuracy (max)"),
+        ("best", {"metric": "val_accuracy", "mode": "min"}, 10, "best by val_accuracy (min)"),
+        ("latest", {"metric": "val_accuracy", "mode": "max"}, 30, "asks for the latest"),
+        ("best", None, 30, "declares no checkpoint.keep_best"),
+        ("best", {"metric": "f1", "mode": "max"}, 30, "has a finite f1"),
+    ],
+)
+def test_the_evaluation_executor_scores_the_checkpoint_its_checkpoint_field_names(
+    tmp_path: Path, choice: str, keep_best: dict[str, str] | None, step: int, says: str
+) -> None:
+    """As an Argo step: outputs and the MLflow run say which checkpoint and why; a fallback
+    to the latest is logged."""
+    from mlflow.tracking import MlflowClient
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = {
+        "entrypoint": "tests.step_entrypoints:score_checkpoint",
+        "args": {},
+        "metrics": ["accuracy"],
+        "checkpoint": choice,
+        "keep_best": keep_best,
+    }
+    done = executor(
+        "evaluation",
+        *COMMON,
+        "--step",
+        "evaluate",
+        "--config",
+        json.dumps(config),
+        "--checkpoint-store",
+        scored_store(tmp_path),
+        "--outputs",
+        str(tmp_path / "out"),
+        env={"MLFLOW_TRACKING_URI": tracking},
+    )
+    assert done.returncode == 0, done.stderr
+    assert says in done.stdout
+    out = {path.name: path.read_text() for path in (tmp_path / "out").iterdir()}
+    assert out["checkpoint_step"] == str(step)
+    assert out["checkpoint"].endswith(f"/step-{step:012d}/MANIFEST.json")
+    assert json.loads(out["metrics"]) == {"accuracy": SCORES[step // 10 - 1]}
+    selection = json.loads(out["checkpoint_selection"])
+    assert selection["choice"] == choice and selection["step"] == step
+    assert selection["selected"] == ("best" if "best by" in says else "latest")
+    client = MlflowClient(tracking_uri=tracking)
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("p").experiment_id], "tags.`tideflow.step` = 'evaluate'"
+    )
+    assert run.data.tags["tideflow.checkpoint"] == out["checkpoint"]
+    assert run.data.tags["tideflow.checkpoint_step"] == str(step)
+    assert run.data.tags["tideflow.checkpoint_choice"] == choice
+    assert says in run.data.tags["tideflow.checkpoint_reason"]
+
+
+def test_a_damaged_best_checkpoint_is_skipped_for_the_next_best(tmp_path: Path) -> None:
+    """The best whose shards no longer verify is passed over, saying why; the next best
+    (step 30 here) is evaluated."""
+    from tideflow.steps.evaluation import select_checkpoint
+
+    store = scored_store(tmp_path)
+    shard = tmp_path / "checkpoints" / "step-000000000020" / "model.pt"
+    shard.write_bytes(shard.read_bytes().upper())  # same size, other bytes
+    said: list[str] = []
+    chosen = select_checkpoint(
+        store, "best", {"metric": "val_accuracy", "mode": "max"}, log=said.append
+    )
+    assert chosen.facts["checkpoint_step"] == 30 and chosen.selected == "best"
+    assert any("skipping step 20" in line and "SHA-256" in line for line in said)
+
+
+def test_a_gate_metric_the_evaluation_lacks_fails_the_promotion_step(tmp_path: Path) -> None:
+    """Exit 1 with the reason (old: exit 0, "not promoted"); the promotion's MLflow run is
+    closed FAILED saying why; nothing is registered and no output is written."""
+    from mlflow.tracking import MlflowClient
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = {
+        "model": "auc-model",
+        "alias": "champion",
+        "gate": {"metric": "auc", "mode": "max", "min_delta": 0.0},
+        "builder": "tests.step_entrypoints:log_constant_model",
+        "args": {},
+    }
+    done = executor(
+        "promote_checkpoint",
+        *COMMON,
+        "--step",
+        "promote",
+        "--config",
+        json.dumps(config),
+        "--checkpoint-store",
+        scored_store(tmp_path),
+        "--checkpoint-step",
+        "20",
+        "--metrics",
+        json.dumps({"accuracy": 0.951, "loss": 0.049}),
+        "--outputs",
+        str(tmp_path / "out"),
+        env={"MLFLOW_TRACKING_URI": tracking},
+    )
+    assert done.returncode == 1, done.stdout
+    assert "step 'promote' is misconfigured" in done.stderr
+    assert "reads metric(s) auc, which the evaluation did not produce" in done.stderr
+    assert "(its metrics: accuracy, loss)" in done.stderr
+    assert not (tmp_path / "out").exists()
+    client = MlflowClient(tracking_uri=tracking)
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("p").experiment_id], "tags.`tideflow.step` = 'promote'"
+    )
+    assert run.info.status == "FAILED" and run.data.tags["tideflow.decision"] == "failed"
+    assert not client.search_registered_models("name = 'auc-model'")
 
 
 def test_filled_in_values_keep_their_types_and_find_their_place() -> None:

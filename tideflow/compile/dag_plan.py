@@ -110,6 +110,16 @@ class DagPlan:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def keep_best_of(self, task: TaskPlan) -> dict[str, Any] | None:
+        """The ``checkpoint.keep_best`` (metric, mode) of the gang step ``task`` reads its
+        checkpoints from: what an evaluation's ``checkpoint: best`` ranks by."""
+        gang = task.sources.get("checkpoint")
+        source = next((t for t in self.tasks if t.task_id == gang), None)
+        if source is None or source.kind != "gang_training":
+            return None
+        best = (source.config.get("checkpoint") or {}).get("keep_best")
+        return dict(best) if isinstance(best, dict) else None
+
     def pool_demand(self) -> dict[str, int]:
         """Largest slot count any single task asks of each pool."""
         demand: dict[str, int] = {}

@@ -60,6 +60,8 @@ def _operator_kwargs(task: TaskPlan, plan: DagPlan) -> dict[str, Any]:
             "devices": tuple(config["devices"]),
             "metrics": tuple(config["metrics"]),
             "sources": task.sources,
+            "checkpoint": config["checkpoint"],
+            "keep_best": plan.keep_best_of(task),
         }
     if task.kind == "promote_checkpoint":
         config = task.config

@@ -4,9 +4,12 @@ Shared by ``PromoteCheckpointOperator`` and the standalone executor Argo runs.
 The caller finds the challenger (checkpoint and metrics), the promotion step's
 MLflow run and who is acting; this module decides and moves the registry:
 
+* a gate that reads a metric the evaluation did not produce is a misconfigured
+  pipeline: ``PromotionError`` (final) before anything is read or written;
 * a version already promoted by this step's run is reported again, nothing moves;
 * the gate (``tideflow.promotion.gate.decide``) compares with the alias's holder;
-* rejected: an audit record, and tags for the step's run;
+* rejected (thresholds, or not better than the champion by more than
+  ``min_delta``; a tie never promotes): an audit record, and tags for the step's run;
 * passed: the attempt that holds the run's registration claim
   (``tideflow.promotion.claim``; concurrent attempts wait for its version) has
   the builder log an MLflow model from the checkpoint, a version is
@@ -32,7 +35,7 @@ from typing import Any
 
 from tideflow.promotion import registry
 from tideflow.promotion.claim import RegistrationClaim
-from tideflow.promotion.gate import decide
+from tideflow.promotion.gate import GateConfigError, check_gate, decide
 from tideflow.storage import open_store
 
 CLAIM_POLL_S = 0.5
@@ -65,6 +68,9 @@ class PromotionRequest:
     # Tags every registered version carries besides the checkpoint and metrics:
     # tideflow.pipeline, tideflow.dag_id, tideflow.dag_run_id, tideflow.training_task, ...
     lineage: dict[str, str] = field(default_factory=dict)
+    # How the evaluation chose the checkpoint it scored (tideflow.checkpoint_choice, ...;
+    # tideflow.steps.evaluation.selection_tags): on the promotion's run and the version.
+    selection: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,12 @@ def whoami() -> str:
 def promote(
     mlflow: Any, request: PromotionRequest, build: Build, log: Callable[[str], None]
 ) -> PromotionResult:
+    try:
+        check_gate(request.metrics, request.gate)
+    except GateConfigError as exc:
+        raise PromotionError(
+            f"tideflow: step '{request.step}' is misconfigured: {exc}", final=True
+        ) from exc
     if not request.trained.get("checkpoint"):
         raise PromotionError("tideflow: the training step reported no checkpoint")
     registry.ensure_registered_model(mlflow, request.model)
@@ -99,6 +111,7 @@ def promote(
         "what": "",
         "why": decision.summary,
         "checkpoint": request.trained["checkpoint"],
+        "checkpoint_step": request.trained.get("checkpoint_step"),
         "metrics": request.metrics,
         "champion": None if current is None else str(current[0].version),
     }
@@ -109,6 +122,7 @@ def promote(
             "tideflow.decision": "rejected",
             "tideflow.reason": decision.summary,
             "tideflow.compared": json.dumps(decision.compared, default=str)[:4900],
+            **checkpoint_tags(request),
         }
         outputs: dict[str, Any] = {
             "decision": "rejected",
@@ -155,9 +169,22 @@ def promote(
     tags = {
         "tideflow.decision": "promoted",
         "tideflow.reason": decision.summary,
+        "tideflow.compared": json.dumps(decision.compared, default=str)[:4900],
         "tideflow.model_version": str(version.version),
+        **checkpoint_tags(request),
     }
     return PromotionResult(outputs, tags)
+
+
+def checkpoint_tags(request: PromotionRequest) -> dict[str, str]:
+    """The challenger's checkpoint, its step and how the evaluation chose it, as tags."""
+    trained = request.trained
+    step = trained.get("checkpoint_step")
+    return {
+        "tideflow.checkpoint": str(trained["checkpoint"]),
+        **({"tideflow.checkpoint_step": str(step)} if step not in (None, "") else {}),
+        **request.selection,
+    }
 
 
 def _promoted(version: Any | None) -> bool:
@@ -221,7 +248,7 @@ def _register(
     tags = {
         **request.lineage,
         "tideflow.promotion_run": request.run_id,
-        "tideflow.checkpoint": str(trained["checkpoint"]),
+        **checkpoint_tags(request),
         "tideflow.checkpoint_checksum": str(trained.get("checkpoint_checksum", "")),
         **{f"{registry.METRIC_TAG}{k}": str(v) for k, v in request.metrics.items()},
     }

@@ -372,6 +372,13 @@ class Evaluation(StepBody):
         description="Device classes in order of preference.",
     )
     metrics: tuple[str, ...] = Field(min_length=1)
+    checkpoint: Literal["best", "latest"] = Field(
+        default="best",
+        description="Which committed checkpoint of the upstream gang step to evaluate (and "
+        "so to promote): 'best' by the gang's checkpoint.keep_best metric (the latest when "
+        "it declares none or no checkpoint has that metric; the reason is logged), or "
+        "'latest'.",
+    )
 
 
 class Threshold(SpecModel):
@@ -380,10 +387,21 @@ class Threshold(SpecModel):
 
 
 class Gate(SpecModel):
-    metric: str = Field(description="Metric compared with the current champion.")
+    metric: str = Field(
+        description="Metric compared with the current champion; one of the metrics the "
+        "upstream evaluation step declares."
+    )
     mode: Literal["max", "min"] = "max"
-    min_delta: templated_float(ge=0) = 0.0  # type: ignore[valid-type]
-    thresholds: dict[str, Threshold] = Field(default_factory=dict)
+    min_delta: templated_float(ge=0) = Field(  # type: ignore[valid-type]
+        default=0.0,
+        description="The challenger must beat the champion by more than this; a tie "
+        "never promotes.",
+    )
+    thresholds: dict[str, Threshold] = Field(
+        default_factory=dict,
+        description="Bounds (min, max) per metric; each one of the metrics the upstream "
+        "evaluation step declares.",
+    )
 
 
 class PromoteCheckpoint(SpecModel):

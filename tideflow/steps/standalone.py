@@ -3,7 +3,7 @@
     python -m tideflow.steps.standalone KIND --pipeline P --team T --step S --run-id R
         [--attempt N] --config JSON [--set PATH:TYPE=VALUE ...] [--param NAME:TYPE=VALUE ...]
         [--device D] [--checkpoint-store URI] [--checkpoint-step N] [--training-step S]
-        [--metrics JSON] --outputs DIR
+        [--metrics JSON] [--checkpoint-selection JSON] --outputs DIR
 
 KIND is ``data_prep``, ``evaluation``, ``promote_checkpoint``, or ``pipeline_end``
 (the workflow's exit handler: it closes the parent MLflow run with the
@@ -17,12 +17,15 @@ rendering gives it. ``--param`` gives the run's params (``ctx.params``) the same
 way.
 
 The work is the operators' own, from the core: the entry point runs in a child
-process (``tideflow.steps.entrypoints``); an evaluation reads the newest
-committed checkpoint of its gang step's store and logs its metrics to an MLflow
-run; a promotion goes through ``tideflow.promotion.promote``. Each output is
-written to DIR/NAME as text (JSON for mappings), where Argo reads it as an
-output parameter. Exit codes: 0 done, 1 the step failed (the reason is
-printed), 2 bad arguments.
+process (``tideflow.steps.entrypoints``); an evaluation reads the checkpoint of
+its gang step's store its ``checkpoint`` names (the best by the gang's
+``keep_best``, or the latest: ``select_checkpoint``) and logs its metrics and
+that choice to an MLflow run; a promotion goes through
+``tideflow.promotion.promote`` with exactly the checkpoint that was evaluated.
+Each output is written to DIR/NAME as text (JSON for mappings), where Argo
+reads it as an output parameter. Exit codes: 0 done (a promotion the gate
+rejects included), 1 the step failed (the reason is printed; a gate that reads
+a metric the evaluation did not produce is one), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -39,13 +42,17 @@ from tideflow.steps.context import StepContext
 from tideflow.steps.entrypoints import StepError, declared_outputs, run_entrypoint
 from tideflow.steps.evaluation import (
     CHECKPOINT_KEYS,
+    DEFAULT_CHECKPOINT_CHOICE,
+    SELECTION_OUTPUT,
     declared_metrics,
     entrypoint_args,
     find_checkpoint,
+    select_checkpoint,
+    selection_tags,
 )
 
 KINDS = ("data_prep", "evaluation", "promote_checkpoint", "pipeline_end")
-EVALUATION_OUTPUTS = ("metrics", "device", *CHECKPOINT_KEYS)
+EVALUATION_OUTPUTS = ("metrics", "device", *CHECKPOINT_KEYS, SELECTION_OUTPUT)
 PROMOTION_OUTPUTS = ("decision", "version", "alias", "previous", "reason", "model_uri")
 # The Argo gang step's (tideflow.gangs.driver): where the gang kept its checkpoints, its newest.
 GANG_OUTPUTS = ("checkpoint_store", "checkpoint", "checkpoint_step")
@@ -209,7 +216,15 @@ def data_prep(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
 
 def evaluation(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
     config, a = step.config, step.args
-    checkpoint = find_checkpoint(a.checkpoint_store) if a.checkpoint_store else {}
+    selection = None
+    if a.checkpoint_store:
+        selection = select_checkpoint(
+            a.checkpoint_store,
+            str(config.get("checkpoint") or DEFAULT_CHECKPOINT_CHOICE),
+            config.get("keep_best"),
+            log=_say,
+        )
+    checkpoint = selection.facts if selection is not None else {}
     if checkpoint:
         _say(f"tideflow: evaluating checkpoint {checkpoint['checkpoint']}")
     device = a.device or "cpu"
@@ -229,11 +244,14 @@ def evaluation(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
         tags={
             "tideflow.device": device,
             "tideflow.checkpoint": str(checkpoint.get("checkpoint", "")),
+            **(selection.tags() if selection is not None else {}),
         },
     )
     for key, value in metrics.items():
         _say(f"tideflow: {key} = {value:.4f}")
     outputs = {"metrics": metrics, "device": device, **checkpoint, **metrics}
+    if selection is not None:
+        outputs[SELECTION_OUTPUT] = selection.record()
     return outputs, (*EVALUATION_OUTPUTS, *metrics)
 
 
@@ -247,6 +265,12 @@ def promote_checkpoint(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
     except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
         raise StepError(
             f"step '{a.step}': --metrics is not a JSON object of numbers: {exc}"
+        ) from exc
+    try:
+        selection = selection_tags(json.loads(a.checkpoint_selection or "{}"))
+    except json.JSONDecodeError as exc:
+        raise StepError(
+            f"step '{a.step}': --checkpoint-selection is not a JSON object: {exc}"
         ) from exc
     if not a.checkpoint_store:
         raise StepError(f"step '{a.step}' has no checkpoint store to promote from", final=True)
@@ -272,10 +296,17 @@ def promote_checkpoint(step: Step) -> tuple[dict[str, Any], tuple[str, ...]]:
             "tideflow.dag_run_id": a.run_id,
             "tideflow.training_task": a.training_step or "",
         },
+        selection=selection,
     )
     try:
         result = promote(registry.client(), request, step.run, _say)
     except PromotionError as exc:
+        if exc.final:  # misconfigured: nothing a retry can change; the run says why
+            step.finish(
+                run_id,
+                succeeded=False,
+                tags={"tideflow.decision": "failed", "tideflow.reason": str(exc)[:4900]},
+            )
         raise StepError(str(exc), final=exc.final) from exc
     if result.run_tags is not None:
         step.finish(run_id, succeeded=True, tags=result.run_tags)
@@ -337,6 +368,10 @@ def build_parser(
     parser.add_argument("--checkpoint-step", help="promotion: the evaluated checkpoint's step")
     parser.add_argument("--training-step", help="promotion: the gang step's name (lineage)")
     parser.add_argument("--metrics", help="promotion: the evaluation's metrics as JSON")
+    parser.add_argument(
+        "--checkpoint-selection",
+        help="promotion: how the evaluation chose its checkpoint (its output, JSON)",
+    )
     parser.add_argument("--outputs", required=True, type=Path, help="directory for output files")
     return parser
 

@@ -2,7 +2,9 @@
 
 The device is decided here, at compile time: the first of the step's
 preferences that the cluster inventory has, or the first (a known limit: not
-whichever is free when the step starts).
+whichever is free when the step starts). The executor evaluates the checkpoint
+the step's ``checkpoint`` names: the best by the gang step's ``keep_best``
+(given here, from the plan), or the latest.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def evaluation_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemp
     gang = task.sources.get("checkpoint")
     if gang is not None:
         extra += ["--checkpoint-store", output_of(gang, "checkpoint_store", inputs)]
-    doc = {k: config[k] for k in ("entrypoint", "args", "metrics")}
+    doc = {k: config[k] for k in ("entrypoint", "args", "metrics", "checkpoint")}
+    # checkpoint: best ranks the gang's checkpoints by its keep_best metric
+    doc["keep_best"] = ctx.plan.keep_best_of(task)
     args = executor_args(ctx, task, doc, base, inputs, extra=extra)
     env = {
         **ctx.code_env(step_env(ctx, task, base, inputs)),

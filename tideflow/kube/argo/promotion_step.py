@@ -8,6 +8,7 @@ from tideflow.kube.argo.context import CompileContext
 from tideflow.kube.argo.plan import StepTemplate
 from tideflow.kube.argo.templating import output_of
 from tideflow.spec.yamlpos import Path
+from tideflow.steps.evaluation import SELECTION_OUTPUT
 from tideflow.steps.standalone import PROMOTION_OUTPUTS
 
 
@@ -34,8 +35,13 @@ def promotion_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTempl
         output_of(scored, "metrics", inputs),
     ]
     if ctx.tasks[scored].sources.get("checkpoint") == gang:
-        # Promote exactly the checkpoint that was evaluated.
-        extra += ["--checkpoint-step", output_of(scored, "checkpoint_step", inputs)]
+        # Promote exactly the checkpoint that was evaluated, and record how it was chosen.
+        extra += [
+            "--checkpoint-step",
+            output_of(scored, "checkpoint_step", inputs),
+            "--checkpoint-selection",
+            output_of(scored, SELECTION_OUTPUT, inputs),
+        ]
     doc = {k: config[k] for k in ("model", "alias", "gate", "builder", "args")}
     args = executor_args(ctx, task, doc, base, inputs, extra=extra)
     return container_step(
