@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tideflow.checkpoint.manifest import decode
 from tideflow.stack.__main__ import up
 from tideflow.stack.airflow_api import AirflowApi
 from tideflow.stack.services import StackState, s3_client
@@ -61,9 +62,20 @@ def test_digits_runs_through_the_rest_api(stack: StackState) -> None:
     assert "loss" in train["metrics"] and train["metrics"]["cpu_hours"] > 0
     assert train["tags"]["tideflow.checkpoint"].startswith("s3://tideflow/artifacts/digits/")
     evaluate = by_kind[("step", "evaluate")]
-    assert evaluate["metrics"]["accuracy"] == pytest.approx(
-        train["metrics"]["final_val_accuracy"]
-    )  # the same checkpoint, verified, re-scored
+    # checkpoint: best (the default): the checkpoint best by the gang's keep_best
+    # (val_accuracy, max; of equals the earliest), re-scored
+    scored = {}
+    for key in manifests:
+        step = int(key.rsplit("/step-", 1)[1].split("/")[0])
+        body = s3.get_object(Bucket="tideflow", Key=key)["Body"].read()
+        metrics = decode(body, key, step).metrics
+        if "val_accuracy" in metrics:
+            scored[step] = metrics["val_accuracy"]
+    best = min(scored, key=lambda step: (-scored[step], step))
+    assert evaluate["tags"]["tideflow.checkpoint_step"] == str(best)
+    assert evaluate["tags"]["tideflow.checkpoint_selected"] == "best"
+    assert evaluate["tags"]["tideflow.checkpoint"].endswith(f"/step-{best:012d}/MANIFEST.json")
+    assert evaluate["metrics"]["accuracy"] >= 0.9
     assert evaluate["tags"]["tideflow.device"] == "cpu (cpu)"
 
     # Each task's "MLflow run" extra link opens that step's nested run.
@@ -149,6 +161,7 @@ def test_first_run_promoted_version_1_with_lineage(stack: StackState) -> None:
     assert tags["tideflow.dag_run_id"] == FIRST_RUN[0]
     assert tags["tideflow.checkpoint"].startswith("s3://tideflow/artifacts/digits/")
     assert len(tags["tideflow.checkpoint_checksum"]) == 64
+    assert tags["tideflow.checkpoint_choice"] == "best"  # the evaluated checkpoint
     assert float(tags["tideflow.metric.accuracy"]) >= 0.95
 
 
