@@ -195,7 +195,6 @@ def test_arbitrary_cluster_files_give_a_spec_or_located_problems(text: str) -> N
 
 
 # Every integer field of a step, by the step kind it belongs to, with its bounds.
-# (GangTraining.priority, a plain int, is not one of them yet: see the xfail below.)
 INTEGER_FIELDS: list[tuple[str | None, tuple[str, ...], int, int | None, bool]] = [
     # (step kind or None for the step itself, path in it, minimum, maximum, templated)
     (None, ("retries",), 0, 20, False),
@@ -203,6 +202,7 @@ INTEGER_FIELDS: list[tuple[str | None, tuple[str, ...], int, int | None, bool]] 
     ("gang_training", ("min_workers",), 1, 4096, True),
     ("gang_training", ("devices_per_worker",), 1, 64, True),
     ("gang_training", ("max_restarts",), 0, 100, True),
+    ("gang_training", ("priority",), -1000, 1000, False),
     ("gang_training", ("checkpoint", "every_steps"), 1, None, True),
     ("gang_training", ("checkpoint", "keep_last"), 1, None, True),
 ]
@@ -267,9 +267,6 @@ def test_integer_fields_refuse_booleans_and_keep_templates(
         assert valid, f"{written} at {format_path(path)} was accepted"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="GangTraining.priority is a plain int: pydantic takes yes as 1"
-)
 def test_gang_priority_refuses_booleans() -> None:
     document = yaml.safe_load(VALID[0])
     gang = next(step for step in document["steps"] if "gang_training" in step)

@@ -347,7 +347,7 @@ class GangTraining(StepBody):
         "stopped with each rank's stacks in its log and restarted (a second hang at the "
         "same step fails it); null: never. Seconds, or a duration such as '30m'.",
     )
-    priority: int = Field(default=0, ge=-1000, le=1000)
+    priority: strict_int(ge=-1000, le=1000) = 0  # type: ignore[valid-type]
     preemptible: bool = True
     resources: WorkerResources = WorkerResources()
 
