@@ -137,7 +137,9 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster
         yield state
 
 
-def pipeline(tmp_path: Path, entrypoint: str = "[python, -m, vision.train]") -> Path:
+def pipeline(
+    tmp_path: Path, entrypoint: str = "[python, -m, vision.train]", timeout: str = "null"
+) -> Path:
     path = tmp_path / "cluster-gang.yaml"
     path.write_text(
         textwrap.dedent(f"""\
@@ -146,6 +148,7 @@ def pipeline(tmp_path: Path, entrypoint: str = "[python, -m, vision.train]") -> 
         metadata: {{name: cluster-gang, team: vision}}
         steps:
           - name: train
+            timeout: {timeout}
             gang_training:
               entrypoint: {entrypoint}
               workers: 4
@@ -354,3 +357,26 @@ def test_a_preempted_volcano_gang_resumes_as_one_job_without_using_a_restart(
     assert job["status"]["state"]["phase"] == "Completed"
     (ti,) = dag_run.get_task_instances()
     assert ti.xcom_pull(task_ids="train")["restarts"] == 0
+
+
+@pytest.mark.usefixtures("airflow_home")
+@pytest.mark.timeout(180)
+def test_a_cluster_gang_step_past_its_timeout_deletes_its_gang(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cluster: Cluster,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The pods start and never finish (a hang); the step's timeout ends the task and
+    deletes the Volcano Job with its pods, through the worker's own identity."""
+
+    def start(info: Any) -> None:
+        cluster.fake.volcano.pods_running(info.namespace, info.name)
+
+    cluster.fake.when_watched(start)
+    dag_run = run_dag(pipeline(tmp_path, timeout="8s"), monkeypatch)
+    assert states(dag_run) == {"train": "failed"}
+    assert "ran past its timeout (0:00:08): gang cluster-gang/" in capfd.readouterr().out
+    assert cluster.gang_objects() == []
+    deletes = [r for r in cluster.fake.requests_by(WORKER) if r.method == "DELETE"]
+    assert [(r.resource, r.code) for r in deletes] == [("jobs", 200)]
