@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import IO
 
@@ -151,6 +152,7 @@ class Supervisor:
 
     def launch(self) -> None:
         port = free_port()
+        attempt = uuid.uuid4().hex  # the receipts of this launch (runtime.gang_commit)
         self.workers = []
         self.pumps = []
         self.attempt_started = time.time()
@@ -161,6 +163,7 @@ class Supervisor:
             self.log_offsets[slot.rank] = log.stat().st_size if log.exists() else 0
             env = worker_env(self.job, slot, port, self.restarts)
             env[PROGRESS_FILE_ENV] = str(self.progress_path(slot.rank))
+            env["TIDEFLOW_ATTEMPT_ID"] = attempt
             process = subprocess.Popen(
                 list(self.job.command),
                 env=env,

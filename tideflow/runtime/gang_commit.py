@@ -6,11 +6,16 @@ receipt from every rank. The commit never waits for the training loop (no
 collective runs on the writing thread), and a checkpoint that lacks a rank's
 shards is never committed. Receipts are not shards: they are not in the
 manifest, and retention deletes them with their step.
+
+A receipt names the attempt that wrote it (``TIDEFLOW_ATTEMPT_ID``, new for
+every launch of the gang): a receipt a killed attempt left for the same step
+names shards that this attempt is rewriting, and rank 0 never commits it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,6 +25,7 @@ from tideflow.checkpoint import CheckpointManager, Manifest, ShardRecord
 from tideflow.checkpoint.manifest import step_prefix
 
 RECEIPT_TIMEOUT_S = 600.0
+ATTEMPT_ENV = "TIDEFLOW_ATTEMPT_ID"
 _POLL_S = 0.05
 
 
@@ -37,18 +43,23 @@ class GangCommit:
         rank: int,
         world_size: int,
         receipt_timeout_s: float = RECEIPT_TIMEOUT_S,
+        attempt: str | None = None,
     ) -> None:
         self.manager = manager
         self.rank = rank
         self.world_size = world_size
         self.receipt_timeout_s = receipt_timeout_s
+        self.attempt = attempt if attempt is not None else os.environ.get(ATTEMPT_ENV, "")
 
     def contribute(self, step: int, shards: Mapping[str, bytes | Path]) -> list[ShardRecord]:
         """Write this rank's shards of ``step``, then its receipt naming them."""
         records = [self.manager.write_shard(step, name, data) for name, data in shards.items()]
-        receipt = [
-            {"name": r.name, "key": r.key, "sha256": r.sha256, "size": r.size} for r in records
-        ]
+        receipt = {
+            "attempt": self.attempt,
+            "shards": [
+                {"name": r.name, "key": r.key, "sha256": r.sha256, "size": r.size} for r in records
+            ],
+        }
         self.manager.store.put_bytes(receipt_key(step, self.rank), json.dumps(receipt).encode())
         return records
 
@@ -76,9 +87,11 @@ class GangCommit:
             data = json.loads(self.manager.store.get_bytes(receipt_key(step, rank)))
         except Exception:  # not written yet
             return None
-        if isinstance(data, dict):  # one record: a receipt written before receipts were lists
-            data = [data]
-        return [ShardRecord(d["name"], d["key"], d["sha256"], int(d["size"])) for d in data]
+        if not isinstance(data, dict) or data.get("attempt", "") != self.attempt:
+            return None  # left by an attempt that was stopped (or an older tideflow)
+        return [
+            ShardRecord(d["name"], d["key"], d["sha256"], int(d["size"])) for d in data["shards"]
+        ]
 
     def commit(
         self,
