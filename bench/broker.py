@@ -1,17 +1,30 @@
-"""The tidal broker against static splits on production inference traces.
+"""The tidal broker against its references on production traces and on load shapes it never saw.
 
-    .venv/bin/python bench/broker.py [--traces DIR] [--seed 1]
+    .venv/bin/python bench/broker.py [--traces DIR] [--seed 1] [--markdown]
+    .venv/bin/python bench/broker.py --loto      # parameters chosen on other traces
+    .venv/bin/python bench/broker.py --frontier  # oracle share against the SLO target
+    .venv/bin/python bench/broker.py --offered 1.0 --sweep   # the per-GPU throughput varied
 
-For each trace: 200 GPUs in 8-GPU nodes, the same synthetic training stream
-(seed) for every policy, and three policies: the users' static 120 training /
-80 inference split, a static split sized for the trace's 99th-percentile
-inference need (sized with hindsight, so it is an upper baseline), and
-tidal; and "oracle", not a policy but a bound: the same decisions fed each
-window's true load (no forecast error, no cooldown). Prints one JSON line per
-run and the ratios the targets are stated in.
+For each trace: 200 GPUs in 8-GPU nodes and the same synthetic training stream
+(seed) for every policy. Policies: the users' static 120 training / 80
+inference split; the static split sized at the trace's 99th-percentile
+inference need (with hindsight: the SLO-equivalent static split); tidal; a
+cron day/night schedule (per hour of the day the highest load at that hour
+over the past 7 days, re-learned daily, plus a headroom swept 0-150%; the
+smallest headroom whose SLO reaches tidal's is its equal-SLO peer); and
+"oracle", not a policy but a bound: the same decisions fed each window's true
+load. Prints one JSON line per run and, per trace, the ratios the targets
+are stated in: the share of the oracle's goodput gain over the p99 split that
+tidal captures, and goodput and queueing against the equal-SLO cron split.
+
+Traces: the two production traces (../shared/data/traces/, or --traces DIR);
+a strongly diurnal synthetic load (night a third of the peak); and m-mid
+with a weekly pattern, a holiday, a step change and a slow drift laid over
+it (``tideflow.broker.shapes``), none of which any parameter was chosen on.
 The per-GPU throughput is a modelling choice (requests/s one inference GPU
-serves within its latency SLO), chosen so that the 99th-percentile need is
-about two thirds of the cluster, as in the users' 200-GPU scenario.
+serves within its latency SLO): 25 rps for m-mid and 3 rps for m-large, and
+for the synthetic traces the throughput at which the 99th-percentile need is
+132 GPUs, the same two thirds of the cluster.
 """
 
 from __future__ import annotations
@@ -19,14 +32,38 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from tideflow.broker import SimulationConfig, TraceLoad, simulate, synthetic_jobs
+from tideflow.broker import (
+    JobSpec,
+    LoadSource,
+    SimulationConfig,
+    SyntheticLoad,
+    TraceLoad,
+    simulate,
+    synthetic_jobs,
+)
+from tideflow.broker.shapes import SHAPES, ShapedLoad
 
-TRACES = {"servegen_m-mid.csv": 25.0, "servegen_m-large.csv": 3.0}  # file -> per-GPU rps
+PRODUCTION = {"m-mid": ("servegen_m-mid.csv", 25.0), "m-large": ("servegen_m-large.csv", 3.0)}
+DAYS = 14
+TOTAL_GPUS, NODE_GPUS = 200, 8
+P99_NEED_GPUS = 132  # synthetic traces: throughput at which the p99 need is two thirds of 200
+CRON_HEADROOMS = tuple(round(0.05 * i, 2) for i in range(31))  # 0 .. 150%
 SWEEP_SHARES = (0.4, 0.5, 0.6, 0.68, 0.8)  # p99 inference need as a share of the cluster
+# Tidal's tuned parameters, each with the values either side (chosen on m-mid and m-large).
+LOTO_GRID: dict[str, tuple[float, ...]] = {
+    "lend_quantile": (0.75, 0.85, 0.95),
+    "cooldown_s": (1800.0, 3600.0, 7200.0),
+    "lend_horizon_s": (3600.0, 7200.0, 14400.0),
+    "headroom": (0.0, 0.05, 0.1),
+}
+FRONTIER_TARGETS = (0.95, 0.98, 0.99, 0.995, 0.998)
 KEYS = (
     "training_goodput_gpu_hours",
     "underprovisioned_gpu_minutes",
@@ -34,7 +71,6 @@ KEYS = (
     "preemptions",
     "lost_gpu_hours",
     "lost_fraction_of_training",
-    "mean_gpu_utilization",
     "mean_inference_gpus",
     "forecast_mape",
     "mean_queueing_hours",
@@ -43,50 +79,109 @@ KEYS = (
 )
 
 
-def p99_split(load: TraceLoad, per_gpu_rps: float, node_gpus: int) -> int:
-    need = math.ceil(p99_rate(load) / per_gpu_rps)
-    return math.ceil(need / node_gpus) * node_gpus
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    load: LoadSource
+    per_gpu_rps: float
+    start_s: float
+    end_s: float
+    seen: bool  # a production trace the defaults were chosen on
 
 
-def compare(load: TraceLoad, name: str, per_gpu: float, jobs: list, quiet: bool = False) -> dict:
-    """Run the four policies on one trace; print their lines; return the target ratios."""
-    peak = p99_split(load, per_gpu, 8)
+def p99_rate(trace: Trace) -> float:
+    rates = sorted(s.rate for s in trace.load.samples(trace.start_s, trace.end_s) if s.rate)
+    return rates[math.ceil(0.99 * len(rates)) - 1]
+
+
+def p99_split(trace: Trace) -> int:
+    need = math.ceil(p99_rate(trace) / trace.per_gpu_rps)
+    return math.ceil(need / NODE_GPUS) * NODE_GPUS
+
+
+def traces(directory: Path) -> list[Trace]:
+    out = []
+    for name, (file, per_gpu) in PRODUCTION.items():
+        if not (directory / file).exists():
+            print(f"skipping {name}: {file} not found under {directory}", file=sys.stderr)
+            continue
+        load = TraceLoad(directory / file)
+        out.append(Trace(name, load, per_gpu, load.start_s, load.end_s, seen=True))
+    synthetic: list[tuple[str, Any]] = [("diurnal", SyntheticLoad(mean_rps=2000, seed=11))]
+    if (directory / PRODUCTION["m-mid"][0]).exists():
+        base = TraceLoad(directory / PRODUCTION["m-mid"][0])
+        synthetic += [(f"m-mid+{shape}", ShapedLoad(base, shape)) for shape in SHAPES]
+    for name, load in synthetic:
+        draft = Trace(name, load, 1.0, 0.0, DAYS * 86400.0, seen=False)
+        out.append(replace(draft, per_gpu_rps=round(p99_rate(draft) / P99_NEED_GPUS, 3)))
+    return out
+
+
+def run(trace: Trace, jobs: list[JobSpec], policy: str, **overrides: Any) -> dict[str, Any]:
+    config = SimulationConfig(
+        policy=policy, total_gpus=TOTAL_GPUS, per_gpu_rps=trace.per_gpu_rps, **overrides
+    )
+    return simulate(trace.load, jobs, config, start_s=trace.start_s, end_s=trace.end_s).metrics
+
+
+def oracle_share(tidal: dict[str, Any], peak: dict[str, Any], oracle: dict[str, Any]) -> float:
+    gain = oracle["training_goodput_gpu_hours"] - peak["training_goodput_gpu_hours"]
+    got = tidal["training_goodput_gpu_hours"] - peak["training_goodput_gpu_hours"]
+    return round(got / gain, 3) if gain > 0 else float("nan")
+
+
+def equal_slo_cron(trace: Trace, jobs: list[JobSpec], slo: float) -> tuple[float, dict[str, Any]]:
+    """The smallest cron headroom whose SLO reaches ``slo`` (or the highest swept)."""
+    metrics: dict[str, Any] = {}
+    for headroom in CRON_HEADROOMS:
+        metrics = run(trace, jobs, f"cron:{headroom}")
+        if metrics["slo_attainment"] >= slo:
+            return headroom, metrics
+    return CRON_HEADROOMS[-1], metrics
+
+
+def compare(
+    trace: Trace, jobs: list[JobSpec], quiet: bool = False, **tidal_overrides: Any
+) -> dict[str, Any]:
+    """Every policy on one trace; print their lines; return the target ratios."""
+    peak = p99_split(trace)
     results = {}
     for policy in ("static:80", f"static:{peak}", "tidal", "oracle"):
         started = time.perf_counter()
-        config = SimulationConfig(policy=policy, total_gpus=200, per_gpu_rps=per_gpu)
-        metrics = simulate(load, jobs, config).metrics
-        results[policy] = metrics
-        line = {"trace": name, "policy": policy, "per_gpu_rps": per_gpu}
-        line |= {k: metrics[k] for k in KEYS}
+        overrides = tidal_overrides if policy in ("tidal", "oracle") else {}
+        results[policy] = run(trace, jobs, policy, **overrides)
+        line = {"trace": trace.name, "policy": policy, "per_gpu_rps": trace.per_gpu_rps}
+        line |= {k: results[policy][k] for k in KEYS}
         line["seconds"] = round(time.perf_counter() - started, 1)
         if not quiet:
             print(json.dumps(line))
     tidal, small, big = results["tidal"], results["static:80"], results[f"static:{peak}"]
+    headroom, cron = equal_slo_cron(trace, jobs, tidal["slo_attainment"])
+    if not quiet:
+        line = {"trace": trace.name, "policy": f"cron:{headroom}", "per_gpu_rps": trace.per_gpu_rps}
+        print(json.dumps(line | {k: cron[k] for k in KEYS}))
     return {
-        "trace": name,
-        "per_gpu_rps": per_gpu,
+        "trace": trace.name,
+        "seen": trace.seen,
+        "per_gpu_rps": trace.per_gpu_rps,
         "p99_static_inference_gpus": peak,
         "tidal_slo": tidal["slo_attainment"],
         "tidal_lost_fraction": tidal["lost_fraction_of_training"],
-        "underprovisioned_reduction_vs_120_80": round(
-            1 - tidal["underprovisioned_gpu_minutes"] / small["underprovisioned_gpu_minutes"], 4
-        )
-        if small["underprovisioned_gpu_minutes"]
-        else None,
-        "goodput_vs_120_80": round(
-            tidal["training_goodput_gpu_hours"] / small["training_goodput_gpu_hours"], 3
+        "tidal_goodput": tidal["training_goodput_gpu_hours"],
+        "oracle_share": oracle_share(tidal, big, results["oracle"]),
+        "cron_headroom": headroom,
+        "cron_slo": cron["slo_attainment"],
+        "goodput_vs_cron": round(
+            tidal["training_goodput_gpu_hours"] / cron["training_goodput_gpu_hours"], 3
+        ),
+        "queueing_cron_over_tidal": round(
+            cron["mean_queueing_hours"] / tidal["mean_queueing_hours"], 2
         ),
         "goodput_vs_p99_static": round(
             tidal["training_goodput_gpu_hours"] / big["training_goodput_gpu_hours"], 3
         ),
-        "goodput_oracle_vs_120_80": round(
-            results["oracle"]["training_goodput_gpu_hours"] / small["training_goodput_gpu_hours"],
-            3,
-        ),
-        "goodput_oracle_vs_p99_static": round(
-            results["oracle"]["training_goodput_gpu_hours"] / big["training_goodput_gpu_hours"],
-            3,
+        "goodput_vs_120_80": round(
+            tidal["training_goodput_gpu_hours"] / small["training_goodput_gpu_hours"], 3
         ),
         "queueing_p99_static_over_tidal": round(
             big["mean_queueing_hours"] / tidal["mean_queueing_hours"], 2
@@ -94,9 +189,70 @@ def compare(load: TraceLoad, name: str, per_gpu: float, jobs: list, quiet: bool 
     }
 
 
-def p99_rate(load: TraceLoad) -> float:
-    rates = sorted(s.rate for s in load.samples(load.start_s, load.end_s) if s.rate)
-    return rates[math.ceil(0.99 * len(rates)) - 1]
+def targets_met(row: dict[str, Any]) -> dict[str, bool]:
+    return {
+        "oracle_share>=0.9": row["oracle_share"] >= 0.9,
+        "queueing_vs_cron>=1.3": row["queueing_cron_over_tidal"] >= 1.3,
+        "slo>=0.995": row["tidal_slo"] >= 0.995,
+        "lost<=0.01": row["tidal_lost_fraction"] <= 0.01,
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| trace | per-GPU rps | oracle share | SLO | lost work | cron headroom (SLO) "
+        "| goodput vs cron | queueing: cron / tidal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        name = r["trace"] if r["seen"] else f"{r['trace']} (unseen)"
+        lines.append(
+            f"| {name} | {r['per_gpu_rps']:g} | {r['oracle_share']:.0%} | {r['tidal_slo']:.2%} "
+            f"| {r['tidal_lost_fraction']:.2%} | {r['cron_headroom']:.0%} ({r['cron_slo']:.2%}) "
+            f"| {r['goodput_vs_cron']:.2f}x | {r['queueing_cron_over_tidal']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def score(row: dict[str, Any]) -> float:
+    """How a parameter value is chosen: oracle share, if the SLO and lost-work targets hold."""
+    ok = row["tidal_slo"] >= 0.995 and row["tidal_lost_fraction"] <= 0.01
+    return row["oracle_share"] if ok else row["oracle_share"] - 10
+
+
+def leave_one_trace_out(all_traces: list[Trace], jobs: dict[str, list[JobSpec]]) -> None:
+    """Each grid value on every trace; for each trace, the values chosen on the others."""
+    variants: list[dict[str, float]] = [{}]
+    for name, values in LOTO_GRID.items():
+        default = getattr(SimulationConfig(policy="tidal"), name)
+        variants += [{name: v} for v in values if v != default]
+    table: dict[tuple[str, str], dict[str, Any]] = {}
+    for variant in variants:
+        label = ",".join(f"{k}={v:g}" for k, v in variant.items()) or "default"
+        for trace in all_traces:
+            row = compare(trace, jobs[trace.name], quiet=True, **variant)
+            table[label, trace.name] = row
+            print(json.dumps({"variant": label} | row), flush=True)
+    labels = list(dict.fromkeys(label for label, _ in table))
+    for held_out in all_traces:
+        others = [t.name for t in all_traces if t.name != held_out.name]
+        chosen = max(labels, key=lambda lb: statistics.fmean(score(table[lb, o]) for o in others))
+        best = max(labels, key=lambda lb: score(table[lb, held_out.name]))
+        print(
+            json.dumps(
+                {
+                    "held_out": held_out.name,
+                    "chosen_on_others": chosen,
+                    "its_oracle_share": table[chosen, held_out.name]["oracle_share"],
+                    "its_slo": table[chosen, held_out.name]["tidal_slo"],
+                    "default_oracle_share": table["default", held_out.name]["oracle_share"],
+                    "default_slo": table["default", held_out.name]["tidal_slo"],
+                    "best_in_hindsight": best,
+                    "best_oracle_share": table[best, held_out.name]["oracle_share"],
+                    "best_slo": table[best, held_out.name]["tidal_slo"],
+                }
+            )
+        )
 
 
 def main() -> int:
@@ -104,40 +260,72 @@ def main() -> int:
     default = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
     parser.add_argument("--traces", type=Path, default=default)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", action="append", help="trace name(s) to run (default: all)")
     parser.add_argument(
         "--offered",
         type=float,
         default=0.55,
         help="training demand as a share of the cluster's GPU-hours (1.0: a saturating backlog)",
     )
+    parser.add_argument("--markdown", action="store_true", help="also print the summary table")
     parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a tidal SimulationConfig field for this run (measures one mechanism)",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--loto", action="store_true", help="leave-one-trace-out parameter choice")
+    mode.add_argument("--frontier", action="store_true", help="oracle share per SLO target")
+    mode.add_argument(
         "--sweep",
         action="store_true",
-        help="instead: vary the per-GPU throughput so that the trace's 99th-percentile need "
-        "is 40-80%% of the cluster, and print the target ratios at each",
+        help="vary the per-GPU throughput so that the p99 need is 40-80%% of the cluster",
     )
     args = parser.parse_args()
-    for name, per_gpu in TRACES.items():
-        path = args.traces / name
-        if not path.exists():
-            print(f"skipping {name}: not found under {args.traces}", file=sys.stderr)
-            continue
-        load = TraceLoad(path)
-        jobs = synthetic_jobs(
+    overrides = {k: _number(v) for k, _, v in (item.partition("=") for item in args.set)}
+    chosen = [t for t in traces(args.traces) if not args.only or t.name in args.only]
+    jobs = {
+        t.name: synthetic_jobs(
             seed=args.seed,
-            total_gpus=200,
-            horizon_s=load.end_s - load.start_s,
+            total_gpus=TOTAL_GPUS,
+            horizon_s=t.end_s - t.start_s,
             offered_fraction=args.offered,
         )
-        if not args.sweep:
-            print(json.dumps(compare(load, name, per_gpu, jobs)))
+        for t in chosen
+    }
+    if args.loto:
+        leave_one_trace_out(chosen, jobs)
+        return 0
+    rows = []
+    for trace in chosen:
+        if args.frontier:
+            for target in FRONTIER_TARGETS:
+                row = compare(trace, jobs[trace.name], quiet=True, slo_target=target, **overrides)
+                print(json.dumps({"slo_target": target} | row), flush=True)
             continue
-        for share in SWEEP_SHARES:
-            # per-GPU throughput at which the p99 rate needs `share` of the 200 GPUs
-            throughput = round(p99_rate(load) / (share * 200), 3)
-            ratios = compare(load, name, throughput, jobs, quiet=True)
-            print(json.dumps({"p99_need_share": share, "offered": args.offered} | ratios))
+        if args.sweep:
+            for share in SWEEP_SHARES:
+                throughput = round(p99_rate(trace) / (share * TOTAL_GPUS), 3)
+                row = compare(replace(trace, per_gpu_rps=throughput), jobs[trace.name], quiet=True)
+                print(json.dumps({"p99_need_share": share, "offered": args.offered} | row))
+            continue
+        row = compare(trace, jobs[trace.name], **overrides)
+        rows.append(row)
+        print(json.dumps(row | {"targets_met": targets_met(row)}), flush=True)
+    if args.markdown and rows:
+        print(markdown(rows))
     return 0
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tideflow.broker.calibrate import SloCalibration, scaled
+from tideflow.broker.cron import CronSchedule
 from tideflow.broker.forecast import Forecast, LoadForecaster, clean_outages
 from tideflow.broker.jobs import JobSpec
 from tideflow.broker.load import LoadSample, LoadSource
@@ -29,7 +30,7 @@ HISTORY_S = 8 * 86400.0  # the forecaster looks back a week and a day
 
 @dataclass(frozen=True)
 class SimulationConfig:
-    policy: str  # "tidal" or "static:N" (N GPUs for inference)
+    policy: str  # "tidal", "static:N" (N GPUs for inference), "cron:H" (headroom H) or "oracle"
     total_gpus: int = 200
     node_gpus: int = 8
     per_gpu_rps: float = 25.0
@@ -47,17 +48,30 @@ class SimulationConfig:
     slo_target: float | None = 0.995
 
     def static_gpus(self) -> int | None:
-        if self.policy in ("tidal", "oracle"):
+        if self.policy in ("tidal", "oracle") or self.cron_headroom() is not None:
             return None
         kind, _, value = self.policy.partition(":")
         if kind != "static" or not value.isdigit():
             raise ValueError(
-                f"policy {self.policy!r}: use 'tidal', 'static:N' (N GPUs for inference) "
+                f"policy {self.policy!r}: use 'tidal', 'static:N' (N GPUs for inference), "
+                "'cron:H' (an hour-of-day schedule with headroom H, e.g. cron:0.2) "
                 "or 'oracle' (a bound that knows each window's load)"
             )
         if not 0 <= int(value) <= self.total_gpus:
             raise ValueError(f"policy {self.policy!r}: N must be within 0..{self.total_gpus}")
         return int(value)
+
+    def cron_headroom(self) -> float | None:
+        kind, _, value = self.policy.partition(":")
+        if kind != "cron":
+            return None
+        try:
+            headroom = float(value)
+        except ValueError:
+            headroom = -1.0
+        if not 0 <= headroom < 10:
+            raise ValueError(f"policy {self.policy!r}: H is a headroom fraction >= 0 (cron:0.2)")
+        return headroom
 
     def policy_config(self) -> PolicyConfig:
         return PolicyConfig(
@@ -151,7 +165,13 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     # What the broker sees: outage windows become gaps (judged on the past only).
     samples = clean_outages(raw)
     forecaster = LoadForecaster(step, quantile=config.forecast_quantile)
-    calibration = SloCalibration(config.slo_target) if config.slo_target is not None else None
+    cron_headroom = config.cron_headroom()
+    cron = CronSchedule(headroom=cron_headroom) if cron_headroom is not None else None
+    calibration = (
+        SloCalibration(config.slo_target)
+        if config.slo_target is not None and cron is None  # a cron's headroom is fixed
+        else None
+    )
     margin = 0.0
     pending = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
     queue: list[_Job] = []  # submitted, not running, in submission order
@@ -179,10 +199,16 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 # The last window's outcome is known now (its load has been measured).
                 covered = measured.inference_gpus >= measured.needed
                 margin = calibration.next(margin, covered)
-            forecast = scaled(forecaster.forecast(history, now, policy_config.lead_s), margin)
-            lend_forecast = forecaster.forecast(
-                history, now, policy_config.lend_horizon_s, policy_config.lend_quantile
-            )
+            if cron is not None:
+                # Its own schedule is no forecast: it may look past the lead at what it
+                # will ask for over the lend horizon.
+                forecast = cron.forecast(history, now, policy_config.lead_s)
+                lend_forecast = cron.forecast(history, now, policy_config.lend_horizon_s)
+            else:
+                forecast = scaled(forecaster.forecast(history, now, policy_config.lead_s), margin)
+                lend_forecast = forecaster.forecast(
+                    history, now, policy_config.lend_horizon_s, policy_config.lend_quantile
+                )
             if config.policy == "oracle":
                 # Not a policy: the same decisions fed each window's true load, with no
                 # cooldown, to bound what any forecast could achieve on this trace.
