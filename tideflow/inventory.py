@@ -13,14 +13,17 @@ import shutil
 import subprocess
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
 
 from pydantic import Field, model_validator
 
+from tideflow.spec.errors import SpecIssue
 from tideflow.spec.fields import MemoryQuantity, Name, fail, strict_int
 from tideflow.spec.loader import load_model
 from tideflow.spec.models import DeviceClass, SpecModel
+from tideflow.spec.teams import BorrowingRule, PriorityClass, Scheduling, Team, team_issues
+from tideflow.spec.yamlpos import Positions
 
 
 class Accelerators(SpecModel):
@@ -49,6 +52,25 @@ class ClusterSpec(SpecModel):
     kind: Literal["Cluster"]
     metadata: ClusterMetadata
     nodes: tuple[NodeGroup, ...] = Field(min_length=1)
+    # Who owns which share of the nodes (tideflow.spec.teams); none: one shared pool.
+    priority_classes: tuple[PriorityClass, ...] = ()
+    teams: tuple[Team, ...] = ()
+    borrowing: tuple[BorrowingRule, ...] = ()
+    scheduling: Scheduling = Scheduling()
+
+    @classmethod
+    def cross_issues(
+        cls, data: Any, result: ClusterSpec | None, file: str, positions: Positions
+    ) -> list[SpecIssue]:
+        """The teams' rules that span fields, checked against the declared nodes."""
+        nodes = Inventory.from_spec(result) if result is not None else None
+
+        def devices(device_class: str, model: str | None) -> int:
+            if nodes is None:
+                return 1 << 62  # the nodes are wrong themselves: no sum to check against
+            return sum(n.offers(cast(DeviceClass, device_class), model) for n in nodes.nodes)
+
+        return team_issues(data, file, positions, devices)
 
     @model_validator(mode="after")
     def _unique_names(self) -> ClusterSpec:
@@ -84,6 +106,8 @@ class Inventory:
     name: str
     nodes: tuple[Node, ...]
     declared: bool
+    # The cluster file's teams, quotas and priority classes (None: one shared pool).
+    teams: ClusterSpec | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_spec(cls, spec: ClusterSpec) -> Inventory:
@@ -106,7 +130,8 @@ class Inventory:
                         labels=tuple(sorted(group.labels.items())),
                     )
                 )
-        return cls(spec.metadata.name, tuple(nodes), declared=True)
+        teams = spec if spec.teams or spec.priority_classes else None
+        return cls(spec.metadata.name, tuple(nodes), declared=True, teams=teams)
 
     def total(self, device_class: DeviceClass) -> int:
         return sum(node.offers(device_class, None) for node in self.nodes)

@@ -36,11 +36,21 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tideflow.inventory import Inventory
 from tideflow.scheduling.model import DeviceUsage, GangRequest, Lease, Refusal, WorkerPlacement
 from tideflow.scheduling.placement import place
+from tideflow.scheduling.quota import (
+    Grant,
+    Held,
+    Teams,
+    admit,
+    queue_order,
+    shrink_to,
+    victims,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -55,7 +65,10 @@ CREATE TABLE IF NOT EXISTS leases (
     preemptible INTEGER NOT NULL,
     acquired_at REAL NOT NULL,
     expires_at REAL NOT NULL,
-    min_workers INTEGER
+    min_workers INTEGER,
+    borrowed INTEGER NOT NULL DEFAULT 0,
+    lender TEXT,
+    priority_class TEXT
 );
 CREATE TABLE IF NOT EXISTS claims (
     node TEXT NOT NULL,
@@ -69,7 +82,8 @@ CREATE TABLE IF NOT EXISTS waiting (
     request TEXT NOT NULL,
     priority INTEGER NOT NULL,
     enqueued_at REAL NOT NULL,
-    last_seen REAL NOT NULL
+    last_seen REAL NOT NULL,
+    reason TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS usage (
@@ -80,10 +94,78 @@ CREATE TABLE IF NOT EXISTS usage (
     devices INTEGER NOT NULL,
     started_at REAL NOT NULL,
     ended_at REAL NOT NULL,
-    ended_by TEXT NOT NULL
+    ended_by TEXT NOT NULL,
+    borrowed INTEGER NOT NULL DEFAULT 0,
+    lost_device_s REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_by_end ON usage (ended_at);
+CREATE TABLE IF NOT EXISTS evictions (
+    gang_id TEXT PRIMARY KEY,
+    by_gang TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    requested_at REAL NOT NULL,
+    deadline REAL NOT NULL,
+    signalled INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS journal (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    gang_id TEXT NOT NULL,
+    team TEXT NOT NULL,
+    action TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
 """
+
+
+# Columns added since the first release, in the order they were added (ALTER TABLE
+# appends them, so a migrated table has the same column order as a new one).
+_ADDED_COLUMNS = {
+    "leases": (
+        ("min_workers", "INTEGER"),
+        ("borrowed", "INTEGER NOT NULL DEFAULT 0"),
+        ("lender", "TEXT"),
+        ("priority_class", "TEXT"),
+    ),
+    "usage": (
+        ("borrowed", "INTEGER NOT NULL DEFAULT 0"),
+        ("lost_device_s", "REAL NOT NULL DEFAULT 0"),
+    ),
+    "waiting": (("reason", "TEXT NOT NULL DEFAULT ''"),),
+}
+_LEASE_COLUMNS = (
+    "lease_id, gang_id, holder, team, device_class, model, placements, priority, "
+    "preemptible, acquired_at, expires_at, min_workers, borrowed, lender, priority_class"
+)
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    for table, columns in _ADDED_COLUMNS.items():
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, kind in columns:
+            if name not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+
+@dataclass(frozen=True)
+class EvictionRecord:
+    """A gang the ledger asked to stop so that ``by_gang`` can start."""
+
+    gang_id: str
+    by_gang: str
+    reason: str
+    requested_at: float
+    deadline: float  # stop it anyway after this (its uncommitted work is lost)
+    signalled: bool
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    at: float
+    gang_id: str
+    team: str
+    action: str  # admit, wait, evict, preempted, forced
+    reason: str
 
 
 class LeaseLostError(Exception):
@@ -109,18 +191,22 @@ class LeaseLedger:
         *,
         clock: Callable[[], float] = time.time,
         waiter_timeout_s: float = 60.0,
+        work_at_risk: Callable[[Lease, float], float] | None = None,
     ) -> None:
         self.path = path
         self.inventory = inventory
         self.clock = clock
         self.waiter_timeout_s = waiter_timeout_s
+        # The cluster file's teams: quotas, borrowing and preemption (None: one pool).
+        self.teams = Teams.of(inventory)
+        # Seconds of a gang's work a stop would lose: since its last checkpoint when the
+        # caller can read its store (the gang layer), else since its lease began.
+        self.work_at_risk = work_at_risk or (lambda lease, now: max(0.0, now - lease.acquired_at))
         setup = sqlite3.connect(self.path, timeout=30)
         try:
             setup.execute("PRAGMA journal_mode=WAL")
             setup.executescript(_SCHEMA)
-            columns = {row[1] for row in setup.execute("PRAGMA table_info(leases)")}
-            if "min_workers" not in columns:  # a ledger written before elastic gangs
-                setup.execute("ALTER TABLE leases ADD COLUMN min_workers INTEGER")
+            _add_columns(setup)  # a ledger written by an older tideflow
         finally:
             setup.close()
         # Checked when this process places a gang (try_acquire), not here: readers
@@ -184,7 +270,9 @@ class LeaseLedger:
     def _expire(self, db: sqlite3.Connection, now: float) -> None:
         # A lease nobody renewed counts as held until it expired: that is when
         # its devices became free for others.
-        for row in db.execute("SELECT * FROM leases WHERE expires_at <= ?", (now,)).fetchall():
+        for row in db.execute(
+            f"SELECT {_LEASE_COLUMNS} FROM leases WHERE expires_at <= ?", (now,)
+        ).fetchall():
             lease = self._lease(row)
             self._record_usage(db, lease, lease.expires_at, "expired")
         db.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
@@ -205,6 +293,9 @@ class LeaseLedger:
             acquired_at,
             expires_at,
             min_workers,
+            borrowed,
+            lender,
+            priority_class,
         ) = row
         return Lease(
             str(lease_id),
@@ -219,6 +310,9 @@ class LeaseLedger:
             float(str(acquired_at)),
             float(str(expires_at)),
             None if min_workers is None else int(str(min_workers)),
+            int(str(borrowed or 0)),
+            None if lender is None else str(lender),
+            None if priority_class is None else str(priority_class),
         )
 
     def _used(self, db: sqlite3.Connection, device_class: str) -> dict[str, set[int]]:
@@ -236,32 +330,57 @@ class LeaseLedger:
             self._expire(db, now)
             self._adopt_inventory(db)  # another process may have placed with another one
             row = db.execute(
-                "SELECT * FROM leases WHERE gang_id = ?", (request.gang_id,)
+                f"SELECT {_LEASE_COLUMNS} FROM leases WHERE gang_id = ?", (request.gang_id,)
             ).fetchone()
             if row is not None:  # idempotent: the gang already holds its devices
                 db.execute(
                     "UPDATE leases SET expires_at = MAX(expires_at, ?) WHERE gang_id = ?",
                     (now + ttl_s, request.gang_id),
                 )
-                return self._lease((*row[:10], max(float(row[10]), now + ttl_s), *row[11:]))
+                held = self._lease(row)
+                return replace(held, expires_at=max(held.expires_at, now + ttl_s))
+            if self.teams is None:
+                grant: Grant | None = None
+                wanted = request
+            else:
+                snapshot = self._held(db, now)
+                quota = admit(self.teams, request, snapshot, self._waiting_requests(db))
+                if not isinstance(quota, Grant):
+                    if quota.never:
+                        db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
+                        self._journal(db, now, request, "refuse", quota.reason)
+                        return Refusal(quota.reason, never=True)
+                    return self._refuse(db, request, now, quota.reason)
+                grant = quota
+                wanted = shrink_to(request, grant)
+                reserved = self._reserved_for(db, request, now)
+                if reserved is not None:
+                    return self._refuse(db, request, now, reserved)
             used = self._used(db, request.device_class)
-            placed = place(request, self.inventory, used)
+            placed = place(wanted, self.inventory, used)
             if isinstance(placed, Refusal):
                 if placed.never:
                     db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
                     return placed
-                self._wait(db, request, now)
+                if self.teams is not None and grant is not None:
+                    evicting = self._make_room(db, request, wanted, grant, used, now)
+                    if evicting:
+                        return self._refuse(db, request, now, evicting)
+                self._wait(db, request, now, placed.reason)
                 return Refusal(
                     placed.reason + self._held_by(db, request.device_class, now), never=False
                 )
             ahead = self._waiter_ahead(db, request, used, now)
             if ahead is not None:
-                self._wait(db, request, now)
-                return Refusal(
+                return self._refuse(
+                    db,
+                    request,
+                    now,
                     f"fits now, but {ahead} waits ahead of it (higher priority, "
-                    "or the same priority and queued earlier)",
-                    never=False,
+                    + ("a team using less of its quota, " if self.teams else "")
+                    + "or the same priority and queued earlier)",
                 )
+            borrowed = grant.borrowed if grant is not None else 0
             lease = Lease(
                 uuid.uuid4().hex,
                 request.gang_id,
@@ -275,9 +394,16 @@ class LeaseLedger:
                 now,
                 now + ttl_s,
                 request.min_workers if request.elastic else None,
+                # an elastic gang placed on fewer devices than granted borrows less
+                max(0, borrowed - (grant.devices - sum(len(p.devices) for p in placed)))
+                if grant is not None
+                else 0,
+                grant.lender if grant is not None and borrowed else None,
+                request.priority_class,
             )
             db.execute(
-                "INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO leases ({_LEASE_COLUMNS}) VALUES "
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     lease.lease_id,
                     lease.gang_id,
@@ -291,6 +417,9 @@ class LeaseLedger:
                     lease.acquired_at,
                     lease.expires_at,
                     lease.min_workers,
+                    lease.borrowed,
+                    lease.lender,
+                    lease.priority_class,
                 ),
             )
             db.executemany(
@@ -302,14 +431,156 @@ class LeaseLedger:
                 ],
             )
             db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
+            if self.teams is not None:
+                source = (
+                    f", {lease.borrowed} borrowed from "
+                    + ("the shared pool" if lease.lender == "" else str(lease.lender))
+                    if lease.borrowed
+                    else ""
+                )
+                self._journal(db, now, request, "admit", f"{lease.devices} device(s){source}")
             return lease
 
-    def _wait(self, db: sqlite3.Connection, request: GangRequest, now: float) -> None:
+    # -- waiting, reservation and eviction (teams) -------------------------------------
+    def _refuse(
+        self, db: sqlite3.Connection, request: GangRequest, now: float, reason: str
+    ) -> Refusal:
+        self._wait(db, request, now, reason)
+        return Refusal(reason, never=False)
+
+    def _wait(
+        self, db: sqlite3.Connection, request: GangRequest, now: float, reason: str = ""
+    ) -> None:
+        before = db.execute(
+            "SELECT reason FROM waiting WHERE gang_id = ?", (request.gang_id,)
+        ).fetchone()
         db.execute(
-            "INSERT INTO waiting VALUES (?, ?, ?, ?, ?) ON CONFLICT(gang_id) DO UPDATE SET "
-            "request = excluded.request, priority = excluded.priority, last_seen = ?",
-            (request.gang_id, request.to_json(), request.priority, now, now, now),
+            "INSERT INTO waiting (gang_id, request, priority, enqueued_at, last_seen, reason) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(gang_id) DO UPDATE SET "
+            "request = excluded.request, priority = excluded.priority, last_seen = ?, "
+            "reason = excluded.reason",
+            (request.gang_id, request.to_json(), request.priority, now, now, reason, now),
         )
+        # The journal records why a gang waits when the reason changes, not every poll.
+        if self.teams is not None and (before is None or before[0] != reason):
+            self._journal(db, now, request, "wait", reason)
+
+    def _journal(
+        self, db: sqlite3.Connection, now: float, request: GangRequest, action: str, reason: str
+    ) -> None:
+        self._journal_gang(db, now, request.gang_id, request.team, action, reason)
+
+    @staticmethod
+    def _journal_gang(  # noqa: PLR0917 (one journal row's fields)
+        db: sqlite3.Connection, now: float, gang_id: str, team: str, action: str, reason: str
+    ) -> None:
+        db.execute(
+            "INSERT INTO journal (at, gang_id, team, action, reason) VALUES (?, ?, ?, ?, ?)",
+            (now, gang_id, team, action, reason),
+        )
+
+    def _held(self, db: sqlite3.Connection, now: float) -> list[Held]:
+        """Every lease as the quota policy sees it, with its work at risk."""
+        evicting = {str(g) for (g,) in db.execute("SELECT gang_id FROM evictions")}
+        rows = db.execute(f"SELECT {_LEASE_COLUMNS} FROM leases").fetchall()
+        held = []
+        for lease in map(self._lease, rows):
+            held.append(
+                Held(
+                    lease.gang_id,
+                    lease.team,
+                    lease.device_class,
+                    lease.model,
+                    lease.devices,
+                    lease.priority,
+                    lease.preemptible,
+                    lease.acquired_at,
+                    lease.borrowed,
+                    lease.lender,
+                    self.work_at_risk(lease, now),
+                    lease.gang_id in evicting,
+                )
+            )
+        return held
+
+    def _waiting_requests(self, db: sqlite3.Connection) -> list[GangRequest]:
+        return [GangRequest.from_json(str(r)) for (r,) in db.execute("SELECT request FROM waiting")]
+
+    def _reserved_for(self, db: sqlite3.Connection, request: GangRequest, now: float) -> str | None:
+        """A gang that has waited past ``reserve_after`` on this device class, at this
+        priority or higher: nothing of lower or equal priority starts ahead of it."""
+        assert self.teams is not None
+        limit = self.teams.reserve_after_s
+        if limit is None:
+            return None
+        for gang_id, text, enqueued_at in db.execute(
+            "SELECT gang_id, request, enqueued_at FROM waiting WHERE gang_id != ? "
+            "AND priority >= ? AND enqueued_at <= ? ORDER BY priority DESC, enqueued_at",
+            (request.gang_id, request.priority, now - limit),
+        ):
+            other = GangRequest.from_json(str(text))
+            if other.device_class != request.device_class:
+                continue
+            if isinstance(admit(self.teams, other, self._held(db, now)), Grant):
+                return (
+                    f"devices of class {request.device_class} are reserved for {gang_id}, "
+                    f"which has waited {now - float(enqueued_at):.0f}s (reserve_after "
+                    f"{limit}s): gangs of its priority or lower start after it"
+                )
+        return None
+
+    def _make_room(  # noqa: PLR0917 (the transaction's state, passed down)
+        self,
+        db: sqlite3.Connection,
+        request: GangRequest,
+        wanted: GangRequest,
+        grant: Grant,
+        used: dict[str, set[int]],
+        now: float,
+    ) -> str | None:
+        """Ask the gangs in the way to stop (checkpoint first); say whom it waits for."""
+        assert self.teams is not None
+        pending = db.execute(
+            "SELECT gang_id, deadline FROM evictions WHERE by_gang = ?", (request.gang_id,)
+        ).fetchall()
+        if pending:
+            names = ", ".join(
+                f"{g} (grace ends in {max(0.0, float(d) - now):.0f}s)" for g, d in pending
+            )
+            return f"waiting for {names} to checkpoint and stop"
+        claims: dict[str, list[tuple[str, int]]] = {}
+        for gang_id, node, device in db.execute(
+            "SELECT l.gang_id, c.node, c.device FROM claims c JOIN leases l USING (lease_id) "
+            "WHERE c.device_class = ?",
+            (request.device_class,),
+        ):
+            claims.setdefault(str(gang_id), []).append((str(node), int(device)))
+
+        def fits_without(gangs: frozenset[str]) -> bool:
+            free = {node: set(devices) for node, devices in used.items()}
+            for gang in gangs:
+                for node, device in claims.get(gang, ()):
+                    free[node].discard(device)
+            return not isinstance(place(wanted, self.inventory, free), Refusal)
+
+        chosen = victims(
+            self.teams, request, grant, self._held(db, now), now=now, fits_without=fits_without
+        )
+        if not chosen:
+            return None
+        for eviction in chosen:
+            team = db.execute(
+                "SELECT team FROM leases WHERE gang_id = ?", (eviction.gang_id,)
+            ).fetchone()
+            db.execute(
+                "INSERT OR IGNORE INTO evictions VALUES (?, ?, ?, ?, ?, 0)",
+                (eviction.gang_id, request.gang_id, eviction.reason, now, now + eviction.grace_s),
+            )
+            self._journal_gang(
+                db, now, eviction.gang_id, str(team[0]) if team else "", "evict", eviction.reason
+            )
+        names = ", ".join(e.gang_id for e in chosen)
+        return f"stopping {names} (checkpoint first) to make room: {chosen[0].reason}"
 
     def _waiter_ahead(
         self, db: sqlite3.Connection, request: GangRequest, used: dict[str, set[int]], now: float
@@ -319,26 +590,37 @@ class LeaseLedger:
         ).fetchone()
         queued_at = float(mine[0]) if mine else now
         rows = db.execute(
-            "SELECT gang_id, request FROM waiting WHERE gang_id != ? AND "
-            "(priority > ? OR (priority = ? AND enqueued_at < ?)) "
-            "ORDER BY priority DESC, enqueued_at ASC",
-            (request.gang_id, request.priority, request.priority, queued_at),
+            "SELECT request, enqueued_at FROM waiting WHERE gang_id != ? AND priority >= ?",
+            (request.gang_id, request.priority),
         ).fetchall()
-        for gang_id, text in rows:
-            other = GangRequest.from_json(str(text))
+        if not rows:
+            return None
+        held = self._held(db, now) if self.teams is not None else []
+        waiting = [(GangRequest.from_json(str(r)), float(t)) for r, t in rows]
+        order = queue_order(self.teams, [*waiting, (request, queued_at)], held)
+        for other, _ in order:
+            if other.gang_id == request.gang_id:
+                return None  # everyone after it in the queue waits behind it
+            candidate = other
+            if self.teams is not None:
+                quota = admit(self.teams, other, held)
+                if not isinstance(quota, Grant):
+                    continue
+                candidate = shrink_to(other, quota)
             other_used = (
                 used
                 if other.device_class == request.device_class
                 else self._used(db, other.device_class)
             )
-            if not isinstance(place(other, self.inventory, other_used), Refusal):
-                return str(gang_id)
+            if not isinstance(place(candidate, self.inventory, other_used), Refusal):
+                return other.gang_id
         return None
 
     def _held_by(self, db: sqlite3.Connection, device_class: str, now: float) -> str:
         """Who holds the devices of ``device_class``: what a waiting gang's message names."""
         rows = db.execute(
-            "SELECT * FROM leases WHERE device_class = ? ORDER BY acquired_at", (device_class,)
+            f"SELECT {_LEASE_COLUMNS} FROM leases WHERE device_class = ? ORDER BY acquired_at",
+            (device_class,),
         ).fetchall()
         held = [
             f"{lease.gang_id} (team {lease.team}, {sum(len(p.devices) for p in lease.placements)}"
@@ -361,30 +643,94 @@ class LeaseLedger:
             ).rowcount
             if updated == 0:
                 raise LeaseLostError(f"lease {lease_id} expired or was released")
-            row = db.execute("SELECT * FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
+            row = db.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM leases WHERE lease_id = ?", (lease_id,)
+            ).fetchone()
             return self._lease(row)
 
-    def release(self, lease_id: str) -> None:
+    def release(self, lease_id: str, *, lost_s: float = 0.0) -> None:
+        """Give a lease's devices back. A gang the ledger asked to stop ends 'preempted'
+        (its eviction is done); ``lost_s`` is the work since its last checkpoint that a
+        forced stop threw away."""
         with self._transaction() as db:
-            row = db.execute("SELECT * FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
+            now = self.clock()
+            row = db.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM leases WHERE lease_id = ?", (lease_id,)
+            ).fetchone()
             if row is not None:
-                self._record_usage(db, self._lease(row), self.clock(), "released")
+                lease = self._lease(row)
+                evicted = db.execute(
+                    "DELETE FROM evictions WHERE gang_id = ?", (lease.gang_id,)
+                ).rowcount
+                how = "released"
+                if evicted:
+                    how = "forced" if lost_s > 0 else "preempted"
+                    self._journal_gang(
+                        db,
+                        now,
+                        lease.gang_id,
+                        lease.team,
+                        how,
+                        f"{lease.devices} device(s) freed"
+                        + (f"; {lost_s:.0f}s of work since its checkpoint lost" if lost_s else ""),
+                    )
+                self._record_usage(db, lease, now, how, lost_s)
             db.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
 
+    # -- evictions: carried out by the gang layer, which can signal gangs --------------------
+    def evictions(self) -> list[EvictionRecord]:
+        with self._transaction() as db:
+            self._expire(db, self.clock())
+            rows = db.execute(
+                "SELECT gang_id, by_gang, reason, requested_at, deadline, signalled "
+                "FROM evictions ORDER BY requested_at"
+            ).fetchall()
+        return [
+            EvictionRecord(str(g), str(b), str(r), float(a), float(d), bool(s))
+            for g, b, r, a, d, s in rows
+        ]
+
+    def mark_signalled(self, gang_id: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE evictions SET signalled = 1 WHERE gang_id = ?", (gang_id,))
+
+    def journal(self, since: float = 0.0, limit: int = 200) -> list[JournalEntry]:
+        """The teams' scheduling decisions, newest last."""
+        with self._transaction() as db:
+            rows = db.execute(
+                "SELECT at, gang_id, team, action, reason FROM journal WHERE at >= ? "
+                "ORDER BY seq DESC LIMIT ?",
+                (since, limit),
+            ).fetchall()
+        return [
+            JournalEntry(float(a), str(g), str(t), str(x), str(r))
+            for a, g, t, x, r in reversed(rows)
+        ]
+
+    def waiting_reasons(self) -> dict[str, str]:
+        with self._transaction() as db:
+            self._expire(db, self.clock())
+            return {str(g): str(r) for g, r in db.execute("SELECT gang_id, reason FROM waiting")}
+
     @staticmethod
-    def _record_usage(db: sqlite3.Connection, lease: Lease, ended_at: float, how: str) -> None:
-        devices = sum(len(p.devices) for p in lease.placements)
+    def _record_usage(
+        db: sqlite3.Connection, lease: Lease, ended_at: float, how: str, lost_s: float = 0.0
+    ) -> None:
         db.execute(
-            "INSERT OR IGNORE INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR IGNORE INTO usage (lease_id, gang_id, team, device_class, devices, "
+            "started_at, ended_at, ended_by, borrowed, lost_device_s) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 lease.lease_id,
                 lease.gang_id,
                 lease.team,
                 lease.device_class,
-                devices,
+                lease.devices,
                 lease.acquired_at,
                 max(ended_at, lease.acquired_at),
                 how,
+                lease.borrowed,
+                lost_s * lease.devices,
             ),
         )
 
@@ -407,7 +753,9 @@ class LeaseLedger:
                     (since, end),
                 )
             ]
-            for row in db.execute("SELECT * FROM leases WHERE acquired_at < ?", (end,)):
+            for row in db.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM leases WHERE acquired_at < ?", (end,)
+            ):
                 lease = self._lease(row)
                 devices = sum(len(p.devices) for p in lease.placements)
                 spans.append((lease.team, lease.device_class, devices, lease.acquired_at, end))
@@ -423,13 +771,17 @@ class LeaseLedger:
     def lease_for(self, gang_id: str) -> Lease | None:
         with self._transaction() as db:
             self._expire(db, self.clock())
-            row = db.execute("SELECT * FROM leases WHERE gang_id = ?", (gang_id,)).fetchone()
+            row = db.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM leases WHERE gang_id = ?", (gang_id,)
+            ).fetchone()
             return None if row is None else self._lease(row)
 
     def leases(self) -> list[Lease]:
         with self._transaction() as db:
             self._expire(db, self.clock())
-            rows = db.execute("SELECT * FROM leases ORDER BY acquired_at").fetchall()
+            rows = db.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM leases ORDER BY acquired_at"
+            ).fetchall()
             return [self._lease(row) for row in rows]
 
     def waiting(self) -> list[tuple[GangRequest, float]]:

@@ -21,6 +21,7 @@ class GangRequest:
     preemptible: bool = True
     # Elastic: the gang may start (and be resized) with as few as this many workers.
     min_workers: int | None = None
+    priority_class: str | None = None  # the cluster file's class that gave ``priority``
 
     def __post_init__(self) -> None:
         if self.min_workers is not None and not 1 <= self.min_workers <= self.workers:
@@ -78,6 +79,13 @@ class Lease:
     acquired_at: float
     expires_at: float
     min_workers: int | None = None  # the request's elastic minimum (None: rigid)
+    borrowed: int = 0  # devices beyond its team's nominal quota (tideflow.scheduling.quota)
+    lender: str | None = None  # whose quota it borrows ("" the shared pool; None: nothing)
+    priority_class: str | None = None
+
+    @property
+    def devices(self) -> int:
+        return sum(len(p.devices) for p in self.placements)
 
     @property
     def workers(self) -> int:

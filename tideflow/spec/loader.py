@@ -78,6 +78,9 @@ def parse_model(
         issues.extend(issues_from_validation(exc, model, file, loaded.positions))
     if model is PipelineSpec:
         issues.extend(cross_step_issues(loaded.data, file, loaded.positions, inventory))
+    cross_issues = getattr(model, "cross_issues", None)  # a model's own cross-field rules
+    if cross_issues is not None:
+        issues.extend(cross_issues(loaded.data, result, file, loaded.positions))
     if isinstance(result, PipelineSpec):
         result._source_dir = Path(os.path.abspath(source_dir or Path(file).parent))
         issues.extend(_code_issues(result, file, loaded.positions))
