@@ -168,6 +168,30 @@ class JournalEntry:
     reason: str
 
 
+@dataclass(frozen=True)
+class UsageSpan:
+    """One lease's time on its devices (within a window), for accounting."""
+
+    gang_id: str  # PIPELINE/RUN/STEP for gangs; a broker reservation or a device lease else
+    team: str
+    device_class: str
+    devices: int
+    borrowed: int  # of ``devices``, beyond the team's nominal quota
+    started_at: float
+    ended_at: float
+    ended_by: str  # released, preempted, forced, expired, or held (still running)
+    lost_device_s: float  # device-seconds of work a forced stop threw away
+
+    @property
+    def device_hours(self) -> float:
+        return self.devices * max(0.0, self.ended_at - self.started_at) / 3600
+
+    def clipped(self, since: float, until: float) -> UsageSpan:
+        start, end = max(self.started_at, since), min(self.ended_at, until)
+        lost = self.lost_device_s if since <= self.ended_at <= until else 0.0
+        return replace(self, started_at=start, ended_at=max(start, end), lost_device_s=lost)
+
+
 class LeaseLostError(Exception):
     """The lease expired, was released, or was taken back (e.g. by the broker)."""
 
@@ -734,6 +758,52 @@ class LeaseLedger:
             ),
         )
 
+    def usage_spans(self, since: float, until: float | None = None) -> list[UsageSpan]:
+        """Every lease that overlapped [since, until], clipped to it: ended ones from the
+        usage journal, held ones up to ``until`` (default: now). The raw material of
+        accounting (``tideflow.scheduling.accounting``)."""
+        with self._transaction() as db:
+            now = self.clock()
+            self._expire(db, now)
+            end = now if until is None else until
+            rows = db.execute(
+                "SELECT gang_id, team, device_class, devices, borrowed, started_at, ended_at, "
+                "ended_by, lost_device_s FROM usage WHERE ended_at > ? AND started_at < ?",
+                (since, end),
+            ).fetchall()
+            spans = [
+                UsageSpan(
+                    str(g),
+                    str(t),
+                    str(c),
+                    int(n),
+                    int(b),
+                    float(a),
+                    float(z),
+                    str(how),
+                    float(lost),
+                )
+                for g, t, c, n, b, a, z, how, lost in rows
+            ]
+            for row in db.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM leases WHERE acquired_at < ?", (end,)
+            ).fetchall():
+                lease = self._lease(row)
+                spans.append(
+                    UsageSpan(
+                        lease.gang_id,
+                        lease.team,
+                        lease.device_class,
+                        lease.devices,
+                        lease.borrowed,
+                        lease.acquired_at,
+                        end,
+                        "held",
+                        0.0,
+                    )
+                )
+        return [span.clipped(since, end) for span in spans]
+
     def device_hours(self, since: float, until: float | None = None) -> list[DeviceUsage]:
         """Device-hours held per (team, device class) within [since, until].
 
@@ -803,4 +873,11 @@ class LeaseLedger:
             return used
 
 
-__all__ = ["LeaseLedger", "LeaseLostError", "WorkerPlacement"]
+__all__ = [
+    "EvictionRecord",
+    "JournalEntry",
+    "LeaseLedger",
+    "LeaseLostError",
+    "UsageSpan",
+    "WorkerPlacement",
+]
