@@ -267,6 +267,12 @@ def main() -> int:
         default=0.55,
         help="training demand as a share of the cluster's GPU-hours (1.0: a saturating backlog)",
     )
+    parser.add_argument(
+        "--elastic-share",
+        type=float,
+        default=0.0,
+        help="share of the gangs of 16+ GPUs that are elastic down to half their size",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print the summary table")
     parser.add_argument(
         "--set",
@@ -292,6 +298,7 @@ def main() -> int:
             total_gpus=TOTAL_GPUS,
             horizon_s=t.end_s - t.start_s,
             offered_fraction=args.offered,
+            elastic_fraction=args.elastic_share,
         )
         for t in chosen
     }

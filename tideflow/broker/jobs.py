@@ -20,6 +20,7 @@ class JobSpec:
     work_s: float  # seconds of training the gang needs at full size
     checkpoint_every_s: float
     priority: int = 0
+    min_gpus: int | None = None  # elastic: it may be shrunk to this many GPUs; None: rigid
 
 
 def synthetic_jobs(
@@ -33,14 +34,18 @@ def synthetic_jobs(
     hours: tuple[float, float] = (2.0, 12.0),
     checkpoint_every_s: float = 1800.0,
     submit_until_fraction: float = 0.85,
+    elastic_fraction: float = 0.0,
 ) -> list[JobSpec]:
     """Poisson arrivals offering ``offered_fraction`` of the cluster's GPU-hours on average.
 
     Gangs of 8-64 GPUs running 2-12 hours, submitted over the first 85% of
     the horizon so that most can finish inside it. The same seed gives the same
-    stream, whichever policy is being measured.
+    stream, whichever policy is being measured. ``elastic_fraction`` of the gangs
+    of 16 GPUs or more are elastic down to half their size; which ones is drawn
+    from a generator of its own, so the stream is otherwise the same one.
     """
     rng = random.Random(seed)
+    elastic_rng = random.Random(f"elastic-{seed}")
     mean_gpus = sum(s * w for s, w in zip(sizes, weights, strict=True)) / sum(weights)
     mean_hours = sum(hours) / 2
     per_hour = offered_fraction * total_gpus / (mean_gpus * mean_hours)
@@ -54,14 +59,24 @@ def synthetic_jobs(
         gpus = rng.choices(sizes, weights)[0]
         work = rng.uniform(*hours) * 3600
         priority = 1 if rng.random() < 0.2 else 0
+        elastic = elastic_rng.random() < elastic_fraction and gpus >= 16
         jobs.append(
-            JobSpec(f"job-{index:04d}", round(now), gpus, work, checkpoint_every_s, priority)
+            JobSpec(
+                f"job-{index:04d}",
+                round(now),
+                gpus,
+                work,
+                checkpoint_every_s,
+                priority,
+                gpus // 2 if elastic else None,
+            )
         )
         index += 1
 
 
 def load_jobs(path: Path | str) -> list[JobSpec]:
-    """Jobs from a CSV with the columns submit_s,gpus,duration_s,checkpoint_every_s,priority."""
+    """Jobs from a CSV with the columns submit_s,gpus,duration_s,checkpoint_every_s,priority
+    (and optionally min_gpus, an elastic gang's minimum)."""
     path = Path(path)
     jobs = []
     with path.open(newline="", encoding="utf-8") as handle:
@@ -81,15 +96,18 @@ def load_jobs(path: Path | str) -> list[JobSpec]:
                     float(row["duration_s"]),
                     float(row["checkpoint_every_s"]),
                     int(row["priority"] or 0),
+                    int(row["min_gpus"]) if (row.get("min_gpus") or "").strip() else None,
                 )
             except (TypeError, ValueError):
                 raise LoadSourceError(
                     f"{path}:{line}: {dict(row)} — submit_s, duration_s and "
-                    "checkpoint_every_s are seconds, gpus and priority whole numbers"
+                    "checkpoint_every_s are seconds, gpus, priority and min_gpus whole numbers"
                 ) from None
             if job.gpus <= 0 or job.work_s <= 0 or job.checkpoint_every_s <= 0:
                 raise LoadSourceError(
                     f"{path}:{line}: gpus, duration_s and checkpoint_every_s must be > 0"
                 )
+            if job.min_gpus is not None and not 1 <= job.min_gpus <= job.gpus:
+                raise LoadSourceError(f"{path}:{line}: min_gpus must be within 1..gpus")
             jobs.append(job)
     return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))

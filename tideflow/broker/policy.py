@@ -128,27 +128,56 @@ def _whole_nodes_up(gpus: int, config: PolicyConfig) -> int:
     return math.ceil(gpus / config.node_gpus) * config.node_gpus
 
 
+def _shrinks(gangs: tuple[GangView, ...], gpus: int) -> list[Reclaim]:
+    """Elastic gangs shrunk towards their minimum for up to ``gpus`` GPUs, none stopped.
+
+    Lowest priority first and, within a priority, the most spare GPUs first, so that
+    as few gangs as possible pay a restart on the workers they keep.
+    """
+    out: list[Reclaim] = []
+    order = sorted(gangs, key=lambda g: (g.priority, -(g.gpus - (g.min_gpus or g.gpus)), g.gang_id))
+    for gang in order:
+        spare = gang.gpus - (gang.min_gpus or gang.gpus)
+        if gpus <= 0:
+            break
+        if spare > 0:
+            out.append(Reclaim(gang.gang_id, min(spare, gpus), False, 0.0))
+            gpus -= min(spare, gpus)
+    return out
+
+
 def _victims(snapshot: Snapshot, gpus: int) -> list[Reclaim]:
     """Gangs to reclaim for ``gpus`` GPUs, losing as little training as possible.
 
-    An elastic gang that can give enough by shrinking (within its minimum) is
-    asked first: it keeps running. Otherwise whole gangs are stopped, chosen by
-    priority (a higher-priority gang's GPUs count only when the lower ones
-    cannot cover the need), then by the fewest GPUs stopped, since every
+    Elastic gangs shrink first, together if one is not enough: each keeps
+    running on its minimum (a restart, not a trip back to the queue). Only what
+    the shrinks cannot give is taken by stopping whole gangs, chosen among the
+    rest by priority (a higher-priority gang's GPUs count only when the lower
+    ones cannot cover the need), then by the fewest GPUs stopped, since every
     stopped gang pays its start-up again on all of its GPUs: taking 8 GPUs
     from a 64-GPU gang costs eight times what taking them from an 8-GPU gang
     does. Ties go to the gang with the least work since its last checkpoint.
     """
     if gpus <= 0:
         return []
-    for gang in sorted(snapshot.gangs, key=lambda g: (g.priority, g.gpus, g.gang_id)):
-        spare = gang.gpus - (gang.min_gpus or gang.gpus)
-        if 0 < gpus <= spare:  # an elastic gang can give enough without stopping
-            return [Reclaim(gang.gang_id, gpus, False, 0.0)]
-    tiers = sorted({g.priority for g in snapshot.gangs}, reverse=True)
+    shrinks = _shrinks(snapshot.gangs, gpus)
+    gpus -= sum(r.gpus for r in shrinks)
+    if gpus <= 0:
+        return shrinks
+    shrunk = {r.gang_id for r in shrinks}
+    rest = tuple(g for g in snapshot.gangs if g.gang_id not in shrunk)
+    stops = _stops(snapshot.now_s, rest, gpus)
+    if sum(r.gpus for r in stops) < gpus:  # not enough without them: stop all, shrink none
+        return _stops(snapshot.now_s, snapshot.gangs, gpus + sum(r.gpus for r in shrinks))
+    return shrinks + stops
+
+
+def _stops(now_s: float, gangs: tuple[GangView, ...], gpus: int) -> list[Reclaim]:
+    """Whole gangs stopped for ``gpus`` GPUs at the least cost (all of them if too few)."""
+    tiers = sorted({g.priority for g in gangs}, reverse=True)
 
     def cost_of(gang: GangView) -> tuple[float, ...]:
-        at_risk = max(0.0, snapshot.now_s - gang.last_checkpoint_s)
+        at_risk = max(0.0, now_s - gang.last_checkpoint_s)
         stopped = tuple(float(gang.gpus if gang.priority == tier else 0) for tier in tiers)
         return (*stopped, at_risk * gang.gpus)
 
@@ -156,7 +185,7 @@ def _victims(snapshot: Snapshot, gpus: int) -> list[Reclaim]:
     # with g capped at the need. Costs compare tier by tier, highest priority first.
     best: list[tuple[tuple[float, ...], tuple[GangView, ...]] | None] = [None] * (gpus + 1)
     best[0] = ((0.0,) * (len(tiers) + 1), ())
-    for gang in sorted(snapshot.gangs, key=lambda g: g.gang_id):
+    for gang in sorted(gangs, key=lambda g: g.gang_id):
         cost = cost_of(gang)
         for have in range(gpus, -1, -1):  # each gang at most once
             entry = best[have]
@@ -168,9 +197,9 @@ def _victims(snapshot: Snapshot, gpus: int) -> list[Reclaim]:
             if current is None or total < current[0]:
                 best[reach] = (total, (*entry[1], gang))
     found = best[gpus]
-    chosen = found[1] if found is not None else tuple(snapshot.gangs)  # not enough: all
+    chosen = found[1] if found is not None else tuple(gangs)  # not enough: all
     return [
-        Reclaim(g.gang_id, g.gpus, True, max(0.0, snapshot.now_s - g.last_checkpoint_s))
+        Reclaim(g.gang_id, g.gpus, True, max(0.0, now_s - g.last_checkpoint_s))
         for g in sorted(chosen, key=lambda g: (g.priority, g.gpus, g.gang_id))
     ]
 

@@ -6,9 +6,15 @@ the window and decides the inference allocation; reclaimed gangs checkpoint
 submission order with backfill when their whole gang fits; running gangs
 advance. Afterwards each window is scored against the load it really had.
 
+Elastic gangs (``JobSpec.min_gpus``) are shrunk instead of stopped when the
+policy says so, restart-based as on the local backend: the gang checkpoints on
+notice, restarts on the workers it keeps (its start-up again) and runs on at
+a speed in proportion to its GPUs; it grows back to full size, with another
+restart, when the GPUs are free after the queue has been served.
+
 Simplifications, the same for every policy: GPUs are counted, not placed (the
-policy moves whole nodes, so lent capacity is whole nodes); a gang runs at full
-speed; inference capacity moves at the start of a window.
+policy moves whole nodes and gangs are whole nodes, so counting is placing);
+inference capacity moves at the start of a window.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class SimulationConfig:
     grace_s: float = 300.0  # how long the broker waits for that checkpoint
     # Scale the forecast's upper bound online to meet this SLO (None: uncalibrated).
     slo_target: float | None = 0.995
+    elastic: bool = True  # shrink elastic gangs instead of stopping them (False: all rigid)
 
     def static_gpus(self) -> int | None:
         if self.policy in ("tidal", "oracle") or self.cron_headroom() is not None:
@@ -99,6 +106,12 @@ class _Job:
     startup_left_s: float = 0.0
     started_once: bool = False
     preemptions: int = 0
+    gpus_now: int = 0  # GPUs it runs on (below spec.gpus while shrunk)
+
+    @property
+    def speed(self) -> float:
+        """Progress (seconds of full-size work) per second of running."""
+        return self.gpus_now / self.spec.gpus
 
 
 @dataclass(frozen=True)
@@ -128,18 +141,32 @@ class SimulationResult:
         return out
 
 
-def _preempt(job: _Job, config: SimulationConfig) -> float:
-    """Stop a running gang; GPU-seconds of work lost. It checkpoints first if grace allows."""
-    gpus = job.spec.gpus
+def _checkpoint_on_notice(job: _Job, config: SimulationConfig) -> float:
+    """GPU-seconds lost when a running gang is told to stop: the checkpoint it writes if
+    the grace allows (nothing to redo then), else its work since the last checkpoint."""
     lost = 0.0
     if job.startup_left_s <= 0 and config.checkpoint_write_s <= config.grace_s:
         job.committed_s = job.progress_s  # checkpoint-before-evict: nothing to redo
-        lost += config.checkpoint_write_s * gpus
-    lost += (job.progress_s - job.committed_s) * gpus
+        lost += config.checkpoint_write_s * job.gpus_now
+    lost += (job.progress_s - job.committed_s) * job.spec.gpus
     job.progress_s = job.committed_s
+    return lost
+
+
+def _preempt(job: _Job, config: SimulationConfig) -> float:
+    """Stop a running gang; GPU-seconds of work lost."""
+    lost = _checkpoint_on_notice(job, config)
     job.running = False
     job.preemptions += 1
     return lost
+
+
+def _resize(job: _Job, gpus: int, config: SimulationConfig) -> float:
+    """Restart a running elastic gang on ``gpus`` GPUs; GPU-seconds lost."""
+    lost = _checkpoint_on_notice(job, config)
+    job.gpus_now = gpus
+    job.startup_left_s = config.restart_overhead_s
+    return lost + config.restart_overhead_s * gpus
 
 
 def simulate(  # noqa: PLR0915 - one readable event loop
@@ -180,7 +207,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     inference = static if static is not None else policy_config.ceiling // 2  # type: ignore[union-attr]
     last_lend: float | None = None
     lost_gpu_s = 0.0
-    preemptions = 0
+    preemptions = shrinks = 0
     windows: list[Window] = []
     busy: list[float] = []  # training GPU-seconds of progress per window
     forecast_errors: list[float] = []
@@ -218,7 +245,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
             upper = forecast.upper
             if forecast.point is not None and sample.rate is not None:
                 forecast_errors.append(abs(forecast.point - sample.rate) / sample.rate)
-            held = sum(j.spec.gpus for j in running)
+            held = sum(j.gpus_now for j in running)
             snapshot = Snapshot(
                 now_s=now,
                 inference_gpus=inference,
@@ -234,9 +261,10 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 gangs=tuple(
                     GangView(
                         j.spec.job_id,
-                        j.spec.gpus,
+                        j.gpus_now,
                         j.spec.priority,
-                        now - (j.progress_s - j.committed_s),
+                        now - (j.progress_s - j.committed_s) / j.speed,
+                        j.spec.min_gpus if config.elastic else None,
                     )
                     for j in running
                 ),
@@ -248,6 +276,10 @@ def simulate(  # noqa: PLR0915 - one readable event loop
             by_id = {j.spec.job_id: j for j in running}
             for reclaim in decision.reclaims:
                 victim = by_id[reclaim.gang_id]
+                if not reclaim.evicted:
+                    lost_gpu_s += _resize(victim, victim.gpus_now - reclaim.gpus, config)
+                    shrinks += 1
+                    continue
                 lost_gpu_s += _preempt(victim, config)
                 running.remove(victim)
                 queue.append(victim)
@@ -259,12 +291,13 @@ def simulate(  # noqa: PLR0915 - one readable event loop
         preemptions += preempted_now
 
         # Start queued gangs that fit whole, in submission order (backfill smaller ones).
-        free = config.total_gpus - inference - sum(j.spec.gpus for j in running)
+        free = config.total_gpus - inference - sum(j.gpus_now for j in running)
         for job in list(queue):
             if job.spec.gpus <= free:
                 queue.remove(job)
                 running.append(job)
                 free -= job.spec.gpus
+                job.gpus_now = job.spec.gpus
                 job.running = True
                 if job.first_start_s is None:
                     job.first_start_s = now
@@ -272,6 +305,12 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 if job.started_once:  # start-up after a preemption is lost GPU time
                     lost_gpu_s += config.restart_overhead_s * job.spec.gpus
                 job.started_once = True
+
+        # Shrunk gangs grow back into what the queue left free.
+        for job in running:
+            if job.gpus_now < job.spec.gpus <= free + job.gpus_now:
+                free -= job.spec.gpus - job.gpus_now
+                lost_gpu_s += _resize(job, job.spec.gpus, config)
 
         # Advance the running gangs through the window.
         busy_gpu_s = 0.0
@@ -281,11 +320,11 @@ def simulate(  # noqa: PLR0915 - one readable event loop
             job.startup_left_s -= warmup
             available -= warmup
             remaining = job.spec.work_s - job.progress_s
-            used = min(available, remaining)
+            used = min(available * job.speed, remaining)  # full-size seconds of work
             job.progress_s += used
             busy_gpu_s += used * job.spec.gpus
             if job.progress_s >= job.spec.work_s - 1e-9:
-                job.finished_s = now + warmup + used
+                job.finished_s = now + warmup + used / job.speed
                 job.committed_s = job.progress_s = job.spec.work_s
                 job.running = False
                 running.remove(job)
@@ -301,7 +340,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 forecast_upper=upper,
                 needed=needed,
                 inference_gpus=inference,
-                training_gpus=sum(j.spec.gpus for j in running),
+                training_gpus=sum(j.gpus_now for j in running),
                 preempted=preempted_now,
                 action=action,
                 reason=reason,
@@ -310,6 +349,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
         busy.append(busy_gpu_s)
 
     metrics = _score(windows, busy, everyone, config, lost_gpu_s, preemptions, forecast_errors, end)
+    metrics["shrinks"] = shrinks
     return SimulationResult(config, metrics, windows)
 
 
