@@ -167,6 +167,8 @@ def compare(
         "p99_static_inference_gpus": peak,
         "tidal_slo": tidal["slo_attainment"],
         "tidal_lost_fraction": tidal["lost_fraction_of_training"],
+        "tidal_slo_promised": tidal.get("slo_promised"),
+        "tidal_saturated_windows": tidal.get("calibration_saturated_windows"),
         "tidal_goodput": tidal["training_goodput_gpu_hours"],
         "oracle_share": oracle_share(tidal, big, results["oracle"]),
         "cron_headroom": headroom,

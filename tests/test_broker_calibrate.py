@@ -68,3 +68,46 @@ def test_service_reads_one_outcome_per_load_window_from_the_journal(tmp_path: Pa
             at_s, decision(held, needed), total_gpus=200, measured_rps=None, forecast_upper=None
         )
     assert coverage(journal.since(0), 600.0) == [True, False, True]
+
+
+def test_misses_never_exceed_the_promise_while_the_margin_is_under_its_ceiling() -> None:
+    calibration = SloCalibration(target=0.995)
+    rng = random.Random(5)
+    for trial in range(200):
+        miss_rate = rng.choice((0.0, 0.005, 0.01, 0.03, 0.2))
+        margin, misses, saturated = 0.0, 0, False
+        outcomes = [rng.random() >= miss_rate for _ in range(rng.randrange(50, 3000))]
+        if trial % 2:  # adversarial: all misses at the start, where the margin is lowest
+            outcomes.sort()
+        for covered in outcomes:
+            saturated |= calibration.saturated(margin, covered)
+            misses += not covered
+            margin = calibration.next(margin, covered)
+        if not saturated:
+            assert misses <= calibration.promised_misses(len(outcomes)) + 1e-9
+    # 2016 windows (14 days of 10 minutes): 10 + 10.08 misses promised, i.e. >= 99.0%
+    assert calibration.promised_misses(2016) == pytest.approx(20.08)
+
+
+def test_a_miss_at_the_ceiling_voids_the_promise() -> None:
+    calibration = SloCalibration(target=0.995, high=0.5)
+    assert not calibration.saturated(0.2, covered=False)
+    assert calibration.saturated(0.49, covered=False)
+    assert not calibration.saturated(0.5, covered=True)
+
+
+def test_the_simulator_reports_the_promise_and_keeps_it() -> None:
+    from tideflow.broker import SimulationConfig, SyntheticLoad, simulate, synthetic_jobs
+
+    jobs = synthetic_jobs(seed=2, total_gpus=200, horizon_s=3 * 86400)
+    metrics = simulate(
+        SyntheticLoad(mean_rps=2000, seed=4),
+        jobs,
+        SimulationConfig(policy="tidal", per_gpu_rps=25.0),
+        start_s=0,
+        end_s=3 * 86400,
+    ).metrics
+    scored = metrics["windows"] - metrics["gap_windows"]
+    assert metrics["slo_promised"] == pytest.approx(1 - (0.005 * scored + 10) / scored, abs=1e-4)
+    assert metrics["calibration_saturated_windows"] == 0
+    assert metrics["slo_attainment"] >= metrics["slo_promised"]

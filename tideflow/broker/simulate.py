@@ -200,6 +200,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
         else None
     )
     margin = 0.0
+    saturated = 0  # windows whose miss the margin could not answer (at its ceiling)
     pending = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
     queue: list[_Job] = []  # submitted, not running, in submission order
     running: list[_Job] = []
@@ -225,6 +226,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
             if calibration is not None and measured is not None and measured.needed is not None:
                 # The last window's outcome is known now (its load has been measured).
                 covered = measured.inference_gpus >= measured.needed
+                saturated += calibration.saturated(margin, covered)
                 margin = calibration.next(margin, covered)
             if cron is not None:
                 # Its own schedule is no forecast: it may look past the lead at what it
@@ -350,6 +352,11 @@ def simulate(  # noqa: PLR0915 - one readable event loop
 
     metrics = _score(windows, busy, everyone, config, lost_gpu_s, preemptions, forecast_errors, end)
     metrics["shrinks"] = shrinks
+    if calibration is not None:
+        scored = metrics["windows"] - metrics["gap_windows"]
+        promised = max(0.0, 1 - calibration.promised_misses(scored) / max(1, scored))
+        metrics["slo_promised"] = round(promised, 5)  # void if any window was saturated
+        metrics["calibration_saturated_windows"] = saturated
     return SimulationResult(config, metrics, windows)
 
 
