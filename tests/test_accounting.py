@@ -1,0 +1,387 @@
+"""Accounting: device-hours per team, pipeline and DAG run, split into own quota,
+borrowed and lost; budgets; the teams' quota view; ``tideflow usage``.
+
+The ledger is real (SQLite, ``try_acquire``/``release``) and driven with a fake
+clock through one day of a small bank: risk borrows 2 of marketing's GPUs,
+marketing reclaims them and risk's gang is stopped 20 minutes after its last
+checkpoint; a second run of risk's pipeline evaluates; the broker reserves 2 GPUs
+for an hour; marketing starts a second run that is still running at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tideflow.inventory import load_cluster
+from tideflow.scheduling import GangRequest, Lease, LeaseLedger
+from tideflow.scheduling.accounting import (
+    BROKER_PREFIX,
+    Split,
+    TeamQuotaRow,
+    UsageTotal,
+    budgets,
+    gang_usage,
+    group_key,
+    month_window,
+    parse_when,
+    report_columns,
+    team_view,
+    usage_totals,
+)
+
+CLUSTER = """\
+apiVersion: tideflow/v1
+kind: Cluster
+metadata: {name: bank}
+nodes:
+  - {name: box, count: 1, cpu: 32, accelerators: {class: gpu, model: H100, count: 8}}
+priority_classes:
+  - {name: urgent, value: 1000, preempts: true}
+  - {name: normal, value: 100}
+teams:
+  - name: risk
+    quota: [{device: gpu, nominal: 4, borrowing_limit: 4, budget_device_hours: 10}]
+    default_priority_class: normal
+  - name: marketing
+    quota: [{device: gpu, nominal: 4, budget_device_hours: 100}]
+    default_priority_class: normal
+borrowing:
+  - {lender: marketing, borrower: risk, grace: 10m}
+"""
+T0 = dt.datetime(2026, 11, 2, tzinfo=dt.UTC).timestamp()  # a Monday, 00:00 UTC
+HOUR = 3600.0
+TTL = 86400.0
+CHECKPOINT_AGE_S = 1200.0  # risk's gang last checkpointed 20 minutes before its stop
+
+
+class Day:
+    """The ledger, its clock, and the leases of the story so far."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.cluster = tmp_path / "bank.yaml"
+        self.cluster.write_text(CLUSTER)
+        self.home = tmp_path / "home"
+        self.home.mkdir()
+        self.now = T0
+        self.ledger = LeaseLedger(
+            self.home / "leases.db", load_cluster(self.cluster), clock=lambda: self.now
+        )
+        self.leases: dict[str, Lease] = {}
+
+    def at(self, hours: float) -> None:
+        self.now = T0 + hours * HOUR
+
+    def take(self, gang_id: str, team: str, devices: int, *, per: int = 1) -> Lease | str:
+        if team == "inference":
+            request = GangRequest(gang_id, team, "gpu", None, 1, per, 1_000_000, False)
+        else:
+            request = GangRequest(
+                gang_id, team, "gpu", None, devices, per, 100, priority_class="normal"
+            )
+        got = self.ledger.try_acquire(request, "test", TTL)
+        if isinstance(got, Lease):
+            self.leases[gang_id] = got
+            return got
+        return got.reason
+
+    def give_back(self, gang_id: str, lost_s: float = 0.0) -> None:
+        self.ledger.release(self.leases.pop(gang_id).lease_id, lost_s=lost_s)
+
+
+def play(day: Day, until_hours: float = 7.0, views: Callable[[Day], None] | None = None) -> None:
+    day.at(0)
+    assert isinstance(day.take("fraud/run1/train", "risk", 6), Lease)  # 4 own + 2 borrowed
+    if views is not None:
+        views(day)
+    day.at(1.5)
+    waits = day.take("ads/run1/train", "marketing", 4)
+    assert isinstance(waits, str) and "reclaimed by its lender marketing" in waits
+    day.give_back("fraud/run1/train", lost_s=CHECKPOINT_AGE_S)  # stopped: ends "forced"
+    assert isinstance(day.take("ads/run1/train", "marketing", 4), Lease)
+    day.at(2)
+    assert isinstance(day.take("fraud/run2/evaluate", "risk", 1), Lease)
+    day.at(3.5)
+    day.give_back("ads/run1/train")
+    day.at(4)
+    day.give_back("fraud/run2/evaluate")
+    day.at(5)
+    assert isinstance(day.take(f"{BROKER_PREFIX}0", "inference", 1, per=2), Lease)
+    assert isinstance(day.take("ads/run2/train", "marketing", 2), Lease)  # runs on
+    day.at(6)
+    day.give_back(f"{BROKER_PREFIX}0")
+    day.at(until_hours)
+
+
+def numbers(rows: list[UsageTotal]) -> dict[str, tuple[float, float, float, float, int, int]]:
+    """Each group's (device, own, borrowed, lost) hours, preempted leases and gangs."""
+    return {
+        r.key: (
+            round(r.device_hours, 6),
+            round(r.own_hours, 6),
+            round(r.borrowed_hours, 6),
+            round(r.lost_hours, 6),
+            r.preempted,
+            r.gangs,
+        )
+        for r in rows
+    }
+
+
+def test_device_hours_per_team_pipeline_and_run_split_into_own_borrowed_and_lost(
+    tmp_path: Path,
+) -> None:
+    day = Day(tmp_path)
+    play(day)
+    end = T0 + 7 * HOUR
+    spans = day.ledger.usage_spans(T0, end)
+    assert {s.gang_id: s.ended_by for s in spans}["ads/run2/train"] == "held"
+    # fraud/run1: 6 GPUs for 1.5 h, 2 of them borrowed; 20 min of work lost on each of 6
+    assert numbers(usage_totals(spans, "team", until=end)) == {
+        "inference": (2.0, 2.0, 0.0, 0.0, 0, 1),  # outside quotas: all its own
+        "marketing": (12.0, 12.0, 0.0, 0.0, 0, 2),  # 4 x 2 h + 2 x 2 h (still held)
+        "risk": (11.0, 8.0, 3.0, 2.0, 1, 2),  # 6 x 1.5 h + 1 x 2 h
+    }
+    assert numbers(usage_totals(spans, "pipeline", until=end)) == {
+        "ads": (12.0, 12.0, 0.0, 0.0, 0, 2),
+        "broker/inference": (2.0, 2.0, 0.0, 0.0, 0, 1),
+        "fraud": (11.0, 8.0, 3.0, 2.0, 1, 2),
+    }
+    assert numbers(usage_totals(spans, "run", until=end)) == {
+        "ads/run1": (8.0, 8.0, 0.0, 0.0, 0, 1),
+        "ads/run2": (4.0, 4.0, 0.0, 0.0, 0, 1),
+        "broker/inference": (2.0, 2.0, 0.0, 0.0, 0, 1),
+        "fraud/run1": (9.0, 6.0, 3.0, 2.0, 1, 1),
+        "fraud/run2": (2.0, 2.0, 0.0, 0.0, 0, 1),
+    }
+    # the split one gang's MLflow run is tagged with
+    assert gang_usage(spans, "fraud/run1/train") == Split(6.0, 3.0, 2.0)
+    assert gang_usage(spans, "fraud/run1/train").device_hours == 9.0
+    assert gang_usage(spans, "no/such/gang") == Split()
+
+
+def test_a_window_counts_only_its_part_and_a_stop_only_where_it_happened(tmp_path: Path) -> None:
+    day = Day(tmp_path)
+    play(day, until_hours=6.0)
+    # 1 h .. 6 h: the last half hour of fraud/run1 (and its stop), the held run up to 6 h
+    end = T0 + 6 * HOUR
+    spans = day.ledger.usage_spans(T0 + HOUR, end)
+    assert numbers(usage_totals(spans, "team", until=end)) == {
+        "inference": (2.0, 2.0, 0.0, 0.0, 0, 1),
+        "marketing": (10.0, 10.0, 0.0, 0.0, 0, 2),
+        "risk": (5.0, 4.0, 1.0, 2.0, 1, 2),
+    }
+    # 0 .. 1 h: fraud/run1 was still running at the window's end: no stop, nothing lost
+    first = day.ledger.usage_spans(T0, T0 + HOUR)
+    assert numbers(usage_totals(first, "run", until=T0 + HOUR)) == {
+        "fraud/run1": (6.0, 4.0, 2.0, 0.0, 0, 1),
+    }
+
+
+def test_budgets_of_the_calendar_month(tmp_path: Path) -> None:
+    day = Day(tmp_path)
+    play(day)
+    start, end = month_window(T0 + 7 * HOUR)
+    assert start == dt.datetime(2026, 11, 1, tzinfo=dt.UTC).timestamp()
+    assert end == dt.datetime(2026, 12, 1, tzinfo=dt.UTC).timestamp()
+    december = dt.datetime(2026, 12, 31, 23, 59, tzinfo=dt.UTC).timestamp()
+    assert month_window(december)[1] == dt.datetime(2027, 1, 1, tzinfo=dt.UTC).timestamp()
+    used = budgets(day.ledger.inventory.teams, day.ledger.usage_spans(start, T0 + 7 * HOUR))
+    assert [(b.team, b.device_class, b.budget_hours, b.used_hours, b.share) for b in used] == [
+        ("marketing", "gpu", 100.0, 12.0, 0.12),
+        ("risk", "gpu", 10.0, 11.0, 1.1),  # over budget: shown, not enforced
+    ]
+    assert budgets(None, []) == []
+
+
+def test_team_view_shows_quota_in_use_borrowed_and_lent_now(tmp_path: Path) -> None:
+    seen: list[list[TeamQuotaRow]] = []
+
+    def look(day: Day) -> None:
+        assert day.ledger.teams is not None
+        seen.append(team_view(day.ledger.teams, day.ledger.leases()))
+
+    day = Day(tmp_path)
+    play(day, views=look)
+    assert seen[0] == [
+        TeamQuotaRow("marketing", "gpu", None, nominal=4, in_use=0, borrowed=0, lent=2),
+        TeamQuotaRow("risk", "gpu", None, nominal=4, in_use=6, borrowed=2, lent=0),
+    ]
+    assert day.ledger.teams is not None
+    at_end = team_view(day.ledger.teams, day.ledger.leases())  # the broker's team: no row
+    assert [(r.team, r.in_use, r.borrowed, r.lent) for r in at_end] == [
+        ("marketing", 2, 0, 0),
+        ("risk", 0, 0, 0),
+    ]
+    assert at_end[0].label == "gpu"
+
+
+def test_group_keys_of_gangs_reservations_and_other_leases() -> None:
+    from tideflow.broker.local import INFERENCE_PREFIX
+
+    assert BROKER_PREFIX == INFERENCE_PREFIX  # copied: scheduling may not import the broker
+    run = "manual__2026-11-02T05:38:10+00:00"
+    assert group_key(f"digits/{run}/train", "pipeline", "vision") == "digits"
+    assert group_key(f"digits/{run}/train", "run", "vision") == f"digits/{run}"
+    assert group_key(f"digits/{run}/train", "team", "vision") == "vision"
+    assert group_key("broker/inference/3", "run", "inference") == "broker/inference"
+    for loose in ("hand-made-gang", "digits/train", "digits//train"):
+        assert group_key(loose, "pipeline", "vision") == loose
+    with pytest.raises(ValueError, match="unknown grouping 'dag'"):
+        usage_totals([], "dag")  # type: ignore[arg-type]
+
+
+def test_when_parses_dates_and_durations_and_says_what_it_accepts() -> None:
+    now = T0 + 7 * HOUR
+    assert parse_when("7d", now) == now - 7 * 86400
+    assert parse_when("24h", now) == now - 86400
+    assert parse_when("1d12h", now) == now - 36 * HOUR
+    assert parse_when("2w", now) == now - 14 * 86400
+    assert parse_when("2026-11-02", now) == T0  # UTC
+    assert parse_when("2026-11-02T08:00+02:00", now) == T0 + 6 * HOUR
+    for bad in ("yesterday", "7", "", "7x", "2026-13-01"):
+        with pytest.raises(ValueError, match=r"^--until ") as raised:
+            parse_when(bad, now, "--until")
+        assert "ISO date" in str(raised.value) and "7d" in str(raised.value)
+
+
+# -- tideflow usage ----------------------------------------------------------------------
+
+
+def usage(day: Day, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "TIDEFLOW_HOME": str(day.home),
+        "TIDEFLOW_CLUSTER_FILE": str(day.cluster),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "tideflow.cli", "usage", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+WINDOW = ("--since", "2026-11-02", "--until", "2026-11-02T07:00")
+
+
+def test_usage_csv_by_team_has_the_split_and_the_months_budget(tmp_path: Path) -> None:
+    day = Day(tmp_path)
+    play(day)
+    done = usage(day, *WINDOW, "--format", "csv")
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert tuple(rows[0]) == report_columns("team")
+    assert rows == [
+        {
+            "team": "inference",
+            "device_class": "gpu",
+            "device_hours": "2.0000",
+            "own_hours": "2.0000",
+            "borrowed_hours": "0.0000",
+            "lost_hours": "0.0000",
+            "preempted": "0",
+            "gangs": "1",
+            "budget_device_hours": "",
+            "month_device_hours": "",
+            "budget_used": "",
+        },
+        {
+            "team": "marketing",
+            "device_class": "gpu",
+            "device_hours": "12.0000",
+            "own_hours": "12.0000",
+            "borrowed_hours": "0.0000",
+            "lost_hours": "0.0000",
+            "preempted": "0",
+            "gangs": "2",
+            "budget_device_hours": "100.0000",
+            "month_device_hours": "12.0000",
+            "budget_used": "0.1200",
+        },
+        {
+            "team": "risk",
+            "device_class": "gpu",
+            "device_hours": "11.0000",
+            "own_hours": "8.0000",
+            "borrowed_hours": "3.0000",
+            "lost_hours": "2.0000",
+            "preempted": "1",
+            "gangs": "2",
+            "budget_device_hours": "10.0000",
+            "month_device_hours": "11.0000",
+            "budget_used": "1.1000",
+        },
+    ]
+    # the budget is the month's whatever the window: from 6 h on, risk used 0 in it
+    late = usage(
+        day, "--since", "2026-11-02T06:00", "--until", "2026-11-02T07:00", "--format", "csv"
+    )
+    by_team = {r["team"]: r for r in csv.DictReader(io.StringIO(late.stdout))}
+    assert (by_team["risk"]["device_hours"], by_team["risk"]["budget_used"]) == ("0.0000", "1.1000")
+
+
+def test_usage_csv_by_run_and_json_by_pipeline(tmp_path: Path) -> None:
+    day = Day(tmp_path)
+    play(day)
+    done = usage(day, *WINDOW, "--by", "run", "--format", "csv")
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert [
+        (r["run"], r["team"], float(r["own_hours"]), float(r["borrowed_hours"]), r["preempted"])
+        for r in rows
+    ] == [
+        ("ads/run1", "marketing", 8.0, 0.0, "0"),
+        ("ads/run2", "marketing", 4.0, 0.0, "0"),
+        ("broker/inference", "inference", 2.0, 0.0, "0"),
+        ("fraud/run1", "risk", 6.0, 3.0, "1"),
+        ("fraud/run2", "risk", 2.0, 0.0, "0"),
+    ]
+    assert "budget_used" not in rows[0]
+    done = usage(day, *WINDOW, "--by", "pipeline", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    fraud = next(r for r in json.loads(done.stdout) if r["pipeline"] == "fraud")
+    assert fraud["lost_hours"] == 2.0 and fraud["device_hours"] == 11.0
+    table = usage(day, *WINDOW)
+    assert table.returncode == 0, table.stderr
+    assert "110%" in table.stdout and "BORROWED-H" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (("--since", "yesterday"), "--since 'yesterday' is neither a date nor a duration"),
+        (("--until", "7"), "--until '7' is neither a date nor a duration"),
+        (("--since", "2026-11-03", "--until", "2026-11-02"), "--since (2026-11-03 00:00:00) must"),
+    ],
+)
+def test_usage_refuses_a_window_it_cannot_read(
+    tmp_path: Path, args: tuple[str, ...], names: str
+) -> None:
+    done = usage(Day(tmp_path), *args)
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.startswith("tideflow usage: " + names), done.stderr
+    assert "Traceback" not in done.stderr
+    if "neither" in names:
+        assert "ISO date or date-time" in done.stderr and "24h, 7d" in done.stderr
+
+
+def test_usage_without_a_ledger_prints_the_header_only(tmp_path: Path) -> None:
+    day = Day(tmp_path)
+    (day.home / "leases.db").unlink()
+    done = usage(day, "--format", "csv")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ",".join(report_columns("team"))
+    assert "no lease ledger" in done.stderr
+    assert not (day.home / "leases.db").exists()  # reading makes no ledger
