@@ -43,6 +43,7 @@ class GangTrainingOperator(TideflowOperator):
         "devices_per_worker",
         "max_restarts",
         "checkpoint",
+        "priority_class",
     )
     template_fields_renderers = {"args": "json", "env": "json", "checkpoint": "json"}
     ui_color = "#f9e79f"
@@ -60,6 +61,7 @@ class GangTrainingOperator(TideflowOperator):
         max_restarts: int | str = 3,
         hang_timeout: int | None = 1800,
         priority: int = 0,
+        priority_class: str | None = None,
         preemptible: bool = True,
         min_workers: int | str | None = None,
         worker_resources: dict[str, Any] | None = None,
@@ -80,6 +82,7 @@ class GangTrainingOperator(TideflowOperator):
         self.checkpoint = checkpoint or {"keep_last": 3}
         self.max_restarts = max_restarts
         self.hang_timeout = hang_timeout
+        self.priority_class = priority_class
         self.priority = priority
         self.preemptible = preemptible
         self.min_workers = min_workers
@@ -149,6 +152,7 @@ class GangTrainingOperator(TideflowOperator):
             "min_workers": self.min_workers,
             "devices_per_worker": self.devices_per_worker,
             "priority": self.priority,
+            "priority_class": self.priority_class,
             "preemptible": self.preemptible,
             "hang_timeout": self.hang_timeout,
         }
@@ -217,7 +221,7 @@ class GangTrainingOperator(TideflowOperator):
     # -- Airflow entry points ----------------------------------------------------
     def execute(self, context: Context) -> Any:
         from tideflow.backends.local import LocalBackend
-        from tideflow.gangs import holder_name, open_ledger, request_to_dict
+        from tideflow.gangs import enforce_evictions, holder_name, open_ledger, request_to_dict
         from tideflow.scheduling import Lease
 
         if self._on_cluster():
@@ -233,13 +237,15 @@ class GangTrainingOperator(TideflowOperator):
                 running.state,
             )
             return self._defer_to_gang(context, gang_id)
-        request = self._gang(context).request()
         ledger = open_ledger(ledger_path, cluster)
+        request = self._request(context, ledger.inventory)
         result = ledger.try_acquire(request, holder_name(), 300.0)
         if isinstance(result, Lease):
             return self._start(context, result)
         if result.never:
             raise AirflowFailException(f"tideflow: gang can never be placed: {result.reason}")
+        for step in enforce_evictions(ledger, LocalBackend(state_dir)):
+            self.log.info("tideflow: eviction of %s: %s %s", step.gang_id, step.action, step.detail)
         self.log.info("tideflow: waiting for devices without holding any: %s", result.reason)
         self.defer(
             trigger=LeaseTrigger(
@@ -250,9 +256,19 @@ class GangTrainingOperator(TideflowOperator):
                 ttl_s=300.0,
                 deadline=self._deadline(context),
                 poll_s=self.lease_poll_s,
+                state_dir=str(state_dir),
             ),
             method_name="lease_granted",
         )
+
+    def _request(self, context: Context, inventory: Any) -> Any:
+        """The ledger's request, its priority from the run's priority class (if any)."""
+        from tideflow.gangs import with_team_priority
+
+        try:
+            return with_team_priority(self._gang(context), inventory).request()
+        except ValueError as exc:
+            raise AirflowFailException(f"tideflow: step '{self.task_id}': {exc}") from None
 
     def lease_granted(self, context: Context, event: dict[str, Any]) -> Any:
         from tideflow.gangs import open_ledger

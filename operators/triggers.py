@@ -32,8 +32,10 @@ class LeaseTrigger(BaseTrigger):
         ttl_s: float,
         deadline: float,
         poll_s: float = 5.0,
+        state_dir: str | None = None,
     ) -> None:
         super().__init__()
+        self.state_dir = state_dir  # the local backend's: where this poll carries out evictions
         self.request = request
         self.ledger_path = ledger_path
         self.cluster_file = cluster_file
@@ -51,16 +53,24 @@ class LeaseTrigger(BaseTrigger):
             "ttl_s": self.ttl_s,
             "deadline": self.deadline,
             "poll_s": self.poll_s,
+            "state_dir": self.state_dir,
         }
 
     def _try_once(self) -> dict[str, Any]:
-        from tideflow.gangs import open_ledger, request_from_dict
+        from tideflow.backends.local import LocalBackend
+        from tideflow.gangs import enforce_evictions, open_ledger, request_from_dict
         from tideflow.scheduling import Lease
 
         ledger = open_ledger(Path(self.ledger_path), self.cluster_file)
         result = ledger.try_acquire(request_from_dict(self.request), self.holder, self.ttl_s)
         if isinstance(result, Lease):
             return {"status": "granted", "lease_id": result.lease_id}
+        if self.state_dir is not None and not result.never:
+            # The gangs in this one's way (if the ledger chose any) are asked to stop here.
+            for step in enforce_evictions(ledger, LocalBackend(Path(self.state_dir))):
+                self.log.info(
+                    "tideflow: eviction of %s: %s %s", step.gang_id, step.action, step.detail
+                )
         return {"status": "never" if result.never else "waiting", "reason": result.reason}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -106,6 +106,8 @@ class DagPlan:
     code_image_path: str | None = None
     # metadata.paused_at_creation: Airflow's is_paused_upon_creation (None: its config's).
     paused_at_creation: bool | None = None
+    # metadata.priority_class; the DAG gets a 'priority_class' param defaulting to it.
+    priority_class: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -233,12 +235,35 @@ def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
         schedule=meta.schedule,
         owners=meta.owners,
         tags=tuple(dict.fromkeys(("tideflow", f"team:{meta.team}", *meta.tags))),
-        params={name: _param_plan(p) for name, p in spec.params.items()},
+        params=_with_priority_param(
+            {name: _param_plan(p) for name, p in spec.params.items()}, meta.priority_class
+        ),
         tasks=tuple(tasks),
         code_path=str(code_dir) if code_dir is not None else None,
         code_image_path=spec.code.image_path if spec.code is not None else None,
         paused_at_creation=meta.paused_at_creation,
+        priority_class=meta.priority_class,
     )
+
+
+PRIORITY_PARAM = "priority_class"
+
+
+def _with_priority_param(
+    params: dict[str, ParamPlan], priority_class: str | None
+) -> dict[str, ParamPlan]:
+    """A pipeline with a priority class lets whoever triggers a run choose another one."""
+    if priority_class is None or PRIORITY_PARAM in params:
+        return params
+    return {
+        **params,
+        PRIORITY_PARAM: ParamPlan(
+            default=priority_class,
+            type="string",
+            description="Priority class of this run's gangs: one the cluster file lets "
+            "the team use (checked when a gang asks for devices).",
+        ),
+    }
 
 
 def topological_order(plan: DagPlan) -> list[TaskPlan]:

@@ -46,6 +46,7 @@ def _operator_kwargs(task: TaskPlan, plan: DagPlan) -> dict[str, Any]:
         )
         return {
             **{key: config[key] for key in keys},
+            "priority_class": "{{ params.priority_class }}" if plan.priority_class else None,
             "hang_timeout": config.get("hang_timeout"),
             "worker_resources": config["resources"],
             "image": task.image,

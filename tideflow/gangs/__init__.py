@@ -2,6 +2,7 @@
 (``local``) or on a cluster's gang scheduler, where an Argo workflow's step drives it
 (``driver``)."""
 
+from tideflow.gangs.evictions import EvictionStep, enforce_evictions
 from tideflow.gangs.local import (
     LEASE_TTL_S,
     build_job,
@@ -11,6 +12,7 @@ from tideflow.gangs.local import (
     open_ledger,
     request_from_dict,
     request_to_dict,
+    with_team_priority,
 )
 from tideflow.gangs.resolved import (
     ResolvedGang,
@@ -21,8 +23,10 @@ from tideflow.gangs.resolved import (
 
 __all__ = [
     "LEASE_TTL_S",
+    "EvictionStep",
     "ResolvedGang",
     "build_job",
+    "enforce_evictions",
     "gang_id_for",
     "holder_name",
     "local_command",
@@ -32,4 +36,5 @@ __all__ = [
     "request_to_dict",
     "resolve_gang",
     "run_prefix",
+    "with_team_priority",
 ]

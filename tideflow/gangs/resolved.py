@@ -56,6 +56,7 @@ class ResolvedGang:
     model: str | None
     max_restarts: int
     priority: int = 0
+    priority_class: str | None = None  # the cluster file's class (its value is ``priority``)
     preemptible: bool = True
     min_workers: int | None = None  # elastic when below ``workers``
     # A module:function entry point's keyword arguments; a command's options (``command``).
@@ -90,6 +91,7 @@ class ResolvedGang:
             priority=self.priority,
             preemptible=self.preemptible,
             min_workers=self.min_workers,
+            priority_class=self.priority_class,
         )
 
     def cluster_job(
@@ -194,6 +196,7 @@ def resolve_gang(
         model=device.get("model"),
         max_restarts=int(config.get("max_restarts", 0)),
         priority=int(config.get("priority", 0)),
+        priority_class=config.get("priority_class") or None,
         preemptible=bool(config.get("preemptible", True)),
         # elastic only when the minimum is below the size; equal means rigid
         min_workers=(

@@ -301,6 +301,7 @@ class LeaseLedger:
             self._record_usage(db, lease, lease.expires_at, "expired")
         db.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
         db.execute("DELETE FROM waiting WHERE last_seen < ?", (now - self.waiter_timeout_s,))
+        db.execute("DELETE FROM evictions WHERE gang_id NOT IN (SELECT gang_id FROM leases)")
 
     @staticmethod
     def _lease(row: tuple[object, ...]) -> Lease:
@@ -374,10 +375,12 @@ class LeaseLedger:
                         db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
                         self._journal(db, now, request, "refuse", quota.reason)
                         return Refusal(quota.reason, never=True)
-                    return self._refuse(db, request, now, quota.reason)
+                    # a preempting class, or an expired borrow, may free quota too
+                    evicting = self._make_room(db, request, now)
+                    return self._refuse(db, request, now, evicting or quota.reason)
                 grant = quota
                 wanted = shrink_to(request, grant)
-                reserved = self._reserved_for(db, request, now)
+                reserved = self._reserved_for(db, request, grant, now)
                 if reserved is not None:
                     return self._refuse(db, request, now, reserved)
             used = self._used(db, request.device_class)
@@ -386,8 +389,8 @@ class LeaseLedger:
                 if placed.never:
                     db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
                     return placed
-                if self.teams is not None and grant is not None:
-                    evicting = self._make_room(db, request, wanted, grant, used, now)
+                if self.teams is not None:
+                    evicting = self._make_room(db, request, now)
                     if evicting:
                         return self._refuse(db, request, now, evicting)
                 self._wait(db, request, now, placed.reason)
@@ -455,6 +458,10 @@ class LeaseLedger:
                 ],
             )
             db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
+            # Started without them after all: gangs not yet asked to stop for it keep running.
+            db.execute(
+                "DELETE FROM evictions WHERE by_gang = ? AND signalled = 0", (request.gang_id,)
+            )
             if self.teams is not None:
                 source = (
                     f", {lease.borrowed} borrowed from "
@@ -530,9 +537,14 @@ class LeaseLedger:
     def _waiting_requests(self, db: sqlite3.Connection) -> list[GangRequest]:
         return [GangRequest.from_json(str(r)) for (r,) in db.execute("SELECT request FROM waiting")]
 
-    def _reserved_for(self, db: sqlite3.Connection, request: GangRequest, now: float) -> str | None:
+    def _reserved_for(
+        self, db: sqlite3.Connection, request: GangRequest, grant: Grant, now: float
+    ) -> str | None:
         """A gang that has waited past ``reserve_after`` on this device class, at this
-        priority or higher: nothing of lower or equal priority starts ahead of it."""
+        priority or higher: nothing of lower or equal priority that competes for the same
+        devices starts ahead of it. Its competitors are its own team's gangs and gangs
+        that borrow; another team's gang within that team's own quota is never held back
+        (its quota is its guarantee)."""
         assert self.teams is not None
         limit = self.teams.reserve_after_s
         if limit is None:
@@ -545,7 +557,10 @@ class LeaseLedger:
             other = GangRequest.from_json(str(text))
             if other.device_class != request.device_class:
                 continue
-            if isinstance(admit(self.teams, other, self._held(db, now)), Grant):
+            if other.team != request.team and grant.borrowed == 0:
+                continue
+            quota = admit(self.teams, other, self._held(db, now))
+            if isinstance(quota, Grant) or not quota.never:
                 return (
                     f"devices of class {request.device_class} are reserved for {gang_id}, "
                     f"which has waited {now - float(enqueued_at):.0f}s (reserve_after "
@@ -553,15 +568,7 @@ class LeaseLedger:
                 )
         return None
 
-    def _make_room(  # noqa: PLR0917 (the transaction's state, passed down)
-        self,
-        db: sqlite3.Connection,
-        request: GangRequest,
-        wanted: GangRequest,
-        grant: Grant,
-        used: dict[str, set[int]],
-        now: float,
-    ) -> str | None:
+    def _make_room(self, db: sqlite3.Connection, request: GangRequest, now: float) -> str | None:
         """Ask the gangs in the way to stop (checkpoint first); say whom it waits for."""
         assert self.teams is not None
         pending = db.execute(
@@ -572,6 +579,10 @@ class LeaseLedger:
                 f"{g} (grace ends in {max(0.0, float(d) - now):.0f}s)" for g, d in pending
             )
             return f"waiting for {names} to checkpoint and stop"
+        teams = self.teams
+        held = self._held(db, now)
+        waiting = self._waiting_requests(db)
+        used = self._used(db, request.device_class)
         claims: dict[str, list[tuple[str, int]]] = {}
         for gang_id, node, device in db.execute(
             "SELECT l.gang_id, c.node, c.device FROM claims c JOIN leases l USING (lease_id) "
@@ -581,27 +592,32 @@ class LeaseLedger:
             claims.setdefault(str(gang_id), []).append((str(node), int(device)))
 
         def fits_without(gangs: frozenset[str]) -> bool:
+            rest = [h for h in held if h.gang_id not in gangs]
+            quota = admit(teams, request, rest, waiting)
+            if not isinstance(quota, Grant):
+                return False
             free = {node: set(devices) for node, devices in used.items()}
             for gang in gangs:
                 for node, device in claims.get(gang, ()):
                     free[node].discard(device)
-            return not isinstance(place(wanted, self.inventory, free), Refusal)
+            return not isinstance(place(shrink_to(request, quota), self.inventory, free), Refusal)
 
-        chosen = victims(
-            self.teams, request, grant, self._held(db, now), now=now, fits_without=fits_without
-        )
+        chosen = victims(teams, request, held, now=now, fits_without=fits_without)
         if not chosen:
             return None
+        teams_of = {h.gang_id: h.team for h in held}
         for eviction in chosen:
-            team = db.execute(
-                "SELECT team FROM leases WHERE gang_id = ?", (eviction.gang_id,)
-            ).fetchone()
             db.execute(
                 "INSERT OR IGNORE INTO evictions VALUES (?, ?, ?, ?, ?, 0)",
                 (eviction.gang_id, request.gang_id, eviction.reason, now, now + eviction.grace_s),
             )
             self._journal_gang(
-                db, now, eviction.gang_id, str(team[0]) if team else "", "evict", eviction.reason
+                db,
+                now,
+                eviction.gang_id,
+                teams_of.get(eviction.gang_id, ""),
+                "evict",
+                eviction.reason,
             )
         names = ", ".join(e.gang_id for e in chosen)
         return f"stopping {names} (checkpoint first) to make room: {chosen[0].reason}"
@@ -621,7 +637,8 @@ class LeaseLedger:
             return None
         held = self._held(db, now) if self.teams is not None else []
         waiting = [(GangRequest.from_json(str(r)), float(t)) for r, t in rows]
-        order = queue_order(self.teams, [*waiting, (request, queued_at)], held)
+        # the asking gang first: on a tie it keeps its place (the sort is stable)
+        order = queue_order(self.teams, [(request, queued_at), *waiting], held)
         for other, _ in order:
             if other.gang_id == request.gang_id:
                 return None  # everyone after it in the queue waits behind it

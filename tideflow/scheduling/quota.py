@@ -331,24 +331,32 @@ def _max_lend(teams: Teams, lender: str, borrower: str, key: Key) -> int:
 
 
 # -- eviction ---------------------------------------------------------------------------
+def within_quota(teams: Teams, request: GangRequest, held: Sequence[Held]) -> bool:
+    """Whether the gang fits its team's own nominal quota (it borrows nothing)."""
+    key = teams.key(request.team, request.device_class, request.model)
+    used, _ = _usage(teams, held, key)
+    return used.get(request.team, 0) + _least(request) <= teams.nominal(request.team, key)
+
+
 def victims(
     teams: Teams,
     request: GangRequest,
-    grant: Grant,
     held: Sequence[Held],
     *,
     now: float,
     fits_without: Callable[[frozenset[str]], bool],
 ) -> tuple[Eviction, ...]:
-    """The cheapest set of gangs whose devices let ``request`` be placed, or () if none.
+    """The cheapest set of gangs whose stop lets ``request`` start, or () if none.
 
-    ``fits_without(gang_ids)`` answers whether the request would be placed were
-    those gangs' devices free (placement, so fragmentation counts).
+    ``fits_without(gang_ids)`` answers whether the request would be admitted
+    (its quota, then placement, so fragmentation counts) were those gangs gone.
     """
     if not teams.governs(request.team):
         return ()
     key = teams.key(request.team, request.device_class, request.model)
     preempts = teams.preempts(request)
+    # Reclaiming is for a lender that wants its own quota back, not one that borrows too.
+    reclaims = within_quota(teams, request, held)
     candidates: list[tuple[Held, str]] = []
     for lease in held:
         if lease.evicting or not lease.preemptible or lease.gang_id == request.gang_id:
@@ -358,11 +366,10 @@ def victims(
         borrowing = lease.borrowed > 0 and lease.lender is not None
         rule = teams.rules.get((lease.lender or "", lease.team)) if borrowing else None
         why = None
-        if borrowing and grant.borrowed == 0 and lease.lender == request.team:
+        if borrowing and reclaims and lease.lender == request.team:
             why = f"reclaimed by its lender {request.team} for {request.gang_id}"
         elif (
             borrowing
-            and grant.borrowed == 0
             and rule is not None
             and rule.auto_return_timeout is not None
             and now - lease.acquired_at >= rule.auto_return_timeout

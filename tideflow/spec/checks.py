@@ -257,6 +257,40 @@ class _Checker:
                 return spec["default"]
         return None
 
+    def check_team(self, inventory: ClusterCapacity) -> None:
+        """With teams declared in the cluster file, the pipeline's team must be one of them,
+        and its priority class one the team may use."""
+        declared = getattr(inventory, "teams", None)  # tideflow.inventory.ClusterSpec or None
+        meta = self.data.get("metadata")
+        if declared is None or not isinstance(meta, dict):
+            return
+        teams = {team.name: team for team in declared.teams}
+        team = meta.get("team")
+        if teams and isinstance(team, str) and team not in teams:
+            self.add(
+                ("metadata", "team"),
+                f"team '{team}' is not declared in cluster file '{inventory.name}'",
+                f"{did_you_mean(team, list(teams))}one of {', '.join(sorted(teams))}",
+            )
+            return
+        wanted = meta.get("priority_class")
+        if not isinstance(wanted, str):
+            return
+        classes = [c.name for c in declared.priority_classes]
+        allowed = teams[team].priority_classes if isinstance(team, str) and team in teams else None
+        choices = list(allowed) if allowed is not None else classes
+        if wanted not in choices:
+            problem = (
+                f"unknown priority class '{wanted}'"
+                if wanted not in classes
+                else f"team '{team}' may not use priority class '{wanted}'"
+            )
+            self.add(
+                ("metadata", "priority_class"),
+                problem,
+                f"one of {', '.join(choices) or 'none (declare priority_classes)'}",
+            )
+
     def check_gang_fit(self, inventory: ClusterCapacity) -> None:
         for index, step in self.steps():
             block = step.get("gang_training")
@@ -302,4 +336,5 @@ def cross_step_issues(
     checker.check_gate_metrics()
     if inventory is not None:
         checker.check_gang_fit(inventory)
+        checker.check_team(inventory)
     return checker.issues

@@ -73,6 +73,13 @@ class Metadata(SpecModel):
         description="Cron expression (5 fields), an Airflow preset such as '@daily', "
         "or null for manual runs only.",
     )
+    priority_class: Name | None = Field(
+        default=None,
+        description="The cluster file's priority class for this pipeline's gangs (its "
+        "value becomes their priority; a class with 'preempts' may stop lower-priority "
+        "gangs). The DAG's 'priority_class' param may choose another class the team may "
+        "use. null: the team's default_priority_class, else the steps' own priority.",
+    )
     paused_at_creation: StrictBool | None = Field(
         default=None,
         description="Whether Airflow creates the DAG paused (true) or active (false) when "
