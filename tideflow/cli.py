@@ -196,7 +196,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    """Airflow: the DAG summary (as ``plan``). Argo: a WorkflowTemplate, written or printed."""
+    """Airflow: the DAG summary (as ``plan``). Argo: a WorkflowTemplate, written or printed.
+    Kueue, Volcano: a cluster file's teams as the engine's queues."""
+    if args.target in ("kueue", "volcano"):
+        return _compile_queues(args)
     if args.target == "airflow":
         if args.output:
             print("tideflow compile: -o applies to --target argo", file=sys.stderr)
@@ -227,6 +230,36 @@ def cmd_compile(args: argparse.Namespace) -> int:
         plan, text = compile_pipeline(args.pipeline, settings=settings, inventory=inventory)
         cron = render_cron(plan, args.pipeline)
         sys.stdout.write(text if cron is None else f"{text}---\n{cron}")
+    return 0
+
+
+def _compile_queues(args: argparse.Namespace) -> int:
+    """The cluster file's teams as Kueue or Volcano objects; each rule the engine cannot
+    express is a warning, on stderr and as a comment on top of the output."""
+    from tideflow.compile.team_queues import QueueCompileError
+    from tideflow.inventory import ClusterSpec
+    from tideflow.spec.loader import load_model
+
+    spec = load_model(args.pipeline, ClusterSpec)
+    try:
+        if args.target == "kueue":
+            from tideflow.compile.kueue_queues import compile_kueue
+
+            text, warnings = compile_kueue(spec)
+        else:
+            from tideflow.compile.volcano_queues import compile_volcano
+
+            text, warnings = compile_volcano(spec)
+    except QueueCompileError as exc:
+        print(f"tideflow compile: {exc}", file=sys.stderr)
+        return 2
+    for warning in warnings:
+        print(f"warning: {args.target}: {warning}", file=sys.stderr)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
@@ -546,11 +579,23 @@ def _add_compile(sub: Any) -> None:
         "that submits it to DIR/<pipeline>.cronworkflow.yaml (without -o: both printed, "
         "as one YAML stream); namespace, image, "
         "store Secret and MLflow address come from TIDEFLOW_K8S_* and TIDEFLOW_ARTIFACT_ROOT. "
-        "--target airflow prints the DAG summary, as `tideflow plan` does.",
+        "--target airflow prints the DAG summary, as `tideflow plan` does. "
+        "--target kueue|volcano takes a cluster file instead and prints its teams as the "
+        "engine's queues (Kueue: WorkloadPriorityClasses, ResourceFlavors, a Cohort, "
+        "ClusterQueues, LocalQueues; Volcano: PriorityClasses and Queues) to stdout or -o "
+        "FILE; each rule the engine cannot express is a warning on stderr and a comment on "
+        "top of the output.",
     )
-    compile_.add_argument("pipeline")
-    compile_.add_argument("--target", choices=["argo", "airflow"], required=True)
-    compile_.add_argument("-o", "--output", metavar="DIR", help="directory to write into")
+    compile_.add_argument("pipeline", help="pipeline file (argo, airflow) or cluster file")
+    compile_.add_argument(
+        "--target", choices=["argo", "airflow", "kueue", "volcano"], required=True
+    )
+    compile_.add_argument(
+        "-o",
+        "--output",
+        metavar="DIR|FILE",
+        help="directory to write into (argo); file to write (kueue, volcano)",
+    )
     compile_.add_argument(
         "--cluster",
         help="cluster inventory file: an evaluation runs on the first of its devices the "

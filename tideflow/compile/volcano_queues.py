@@ -1,0 +1,310 @@
+"""A cluster file's teams as Volcano objects (``tideflow compile --target volcano``).
+
+What maps, read from Volcano's sources (volcano-sh/volcano: the Queue CRD,
+docs/design/hierarchical-queue-on-capacity-plugin.md, and the queue webhook
+pkg/webhooks/admission/queues/validate/validate_queue.go):
+
+* a team -> a Queue (the gang step's ``queue`` is its team) with the capacity
+  plugin's resources per resource name (``nvidia.com/gpu``, ``huawei.com/Ascend910``,
+  ``cpu``): ``deserved`` its nominal quota, ``capability`` its nominal plus what
+  it may borrow (left out when that is the whole cluster), ``guarantee`` the part
+  of its nominal it never lends (nominal less its lending limit);
+  ``reclaimable: true``, so what a team borrows goes back when the lender needs it;
+* a priority class -> a PriorityClass (scheduling.k8s.io/v1) that Volcano's
+  preempt action reads from the pods: ``preemptionPolicy: Never`` unless it
+  ``preempts``;
+* the broker's pool -> the parent Queue ``training`` over every team queue: its
+  ``deserved`` (and ``guarantee``) the teams' summed, which the queue webhook
+  requires of a parent, and its ``capability`` on the pool's resource the GPUs the
+  broker lends, never below ``deserved`` (``tideflow.broker.kubernetes``). A team's
+  capability on that resource stays within the parent's ``deserved``, so the
+  broker's lowest capability is always admitted. Without a broker pool the team
+  queues sit under Volcano's ``root``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tideflow.compile.team_queues import (
+    BROKER_NOTE,
+    BROKER_POOL,
+    TRAINING_QUEUE,
+    QueueCompileError,
+    TeamQueuePlan,
+    comment_block,
+    plan_team_queues,
+    render,
+)
+from tideflow.inventory import ClusterSpec
+
+API = "scheduling.volcano.sh/v1beta1"
+
+
+def _team_resources(plan: TeamQueuePlan, team: str) -> dict[str, dict[str, int | None]]:
+    """resource -> {deserved, capability (None: no bound), guarantee}, models summed."""
+    found: dict[str, dict[str, int | None]] = {}
+    for flavor in plan.flavors:
+        share = plan.shares[team].get(flavor.name)
+        entry = found.setdefault(flavor.resource, {"deserved": 0, "capability": 0, "guarantee": 0})
+        if share is None:  # it may not use this model at all
+            continue
+        entry["deserved"] = int(entry["deserved"] or 0) + share.nominal
+        if entry["capability"] is not None:
+            entry["capability"] = (
+                None
+                if share.borrowing_limit is None
+                else int(entry["capability"]) + share.nominal + share.borrowing_limit
+            )
+        if not flavor.broker and share.lending_limit is not None:
+            # The broker may hand any of its pool to inference: none of it can be reserved.
+            entry["guarantee"] = int(entry["guarantee"] or 0) + share.nominal - share.lending_limit
+    return found
+
+
+def _totals(plan: TeamQueuePlan) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for flavor in plan.flavors:
+        totals[flavor.resource] = totals.get(flavor.resource, 0) + flavor.devices
+    return totals
+
+
+def volcano_objects(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[str]]:
+    """The Volcano objects for a cluster file's teams, and the rules they cannot express."""
+    plan = plan_team_queues(spec)
+    broker = plan.broker_flavors
+    reserved = {"root"} | ({TRAINING_QUEUE} if broker else set())
+    clash = sorted(reserved & set(plan.teams))
+    if clash:
+        raise QueueCompileError(
+            f"team '{clash[0]}' has the name of a queue Volcano or the broker keeps for itself "
+            f"({', '.join(sorted(reserved))}): rename the team"
+        )
+    warnings = list(plan.notes) + _warnings(plan)
+    totals = _totals(plan)
+    objects: list[dict[str, Any]] = []
+    for c in plan.spec.priority_classes:
+        objects.append(
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": c.name},
+                "value": c.value,
+                "preemptionPolicy": "PreemptLowerPriority" if c.preempts else "Never",
+                "description": c.description or f"tideflow priority class {c.name}",
+            }
+        )
+    teams = {t: _team_resources(plan, t) for t in plan.teams}
+    pool_resources = {f.resource for f in broker}
+    if broker:
+        deserved_sum = {
+            r: sum(int(teams[t][r]["deserved"] or 0) for t in plan.teams) for r in totals
+        }
+        for t in plan.teams:
+            for r in pool_resources:
+                cap = teams[t][r]["capability"]
+                if cap is not None and cap > deserved_sum[r]:
+                    # validate_queue.go validateChildAgainstAncestor: a child's capability
+                    # within its ancestor's, which the broker may lower to the deserved.
+                    teams[t][r]["capability"] = deserved_sum[r]
+                    warnings.append(
+                        f"team {t}: its {r} capability {cap} is held to the training queue's "
+                        f"deserved {deserved_sum[r]}, the lowest capability the broker sets"
+                    )
+    queues: list[dict[str, Any]] = []
+    for team in plan.teams:
+        deserved, capability, guarantee = {}, {}, {}
+        for resource, entry in teams[team].items():
+            if entry["deserved"]:
+                deserved[resource] = str(entry["deserved"])
+            cap = entry["capability"]
+            if cap is not None and cap < totals[resource]:
+                capability[resource] = str(cap)
+            if entry["guarantee"]:
+                guarantee[resource] = str(entry["guarantee"])
+        queue_spec: dict[str, Any] = {"reclaimable": True}
+        if broker:
+            queue_spec["parent"] = TRAINING_QUEUE
+        if deserved:
+            queue_spec["deserved"] = deserved
+        if capability:
+            queue_spec["capability"] = capability
+        if guarantee:
+            queue_spec["guarantee"] = {"resource": guarantee}
+        queues.append(
+            {"apiVersion": API, "kind": "Queue", "metadata": {"name": team}, "spec": queue_spec}
+        )
+    if broker:
+        objects.append(_parent_queue(plan, queues, totals))
+    objects += queues
+    return objects, warnings
+
+
+def _parent_queue(
+    plan: TeamQueuePlan, queues: list[dict[str, Any]], totals: dict[str, int]
+) -> dict[str, Any]:
+    """The queue the broker moves: the teams' deserved and guarantee summed (what
+    validate_queue.go validateChildrenConstraints requires of a parent), and on the pool's
+    resource a capability of the GPUs lent, never below that deserved."""
+
+    def summed(which: str) -> dict[str, str]:
+        found = {}
+        for resource in sorted(totals):
+            total = 0
+            for queue in queues:
+                held = queue["spec"].get(which, {})
+                held = held.get("resource", {}) if which == "guarantee" else held
+                total += int(held.get(resource, 0))
+            if total:
+                found[resource] = str(total)
+        return found
+
+    parent: dict[str, Any] = {"reclaimable": True}
+    deserved = summed("deserved")
+    if deserved:
+        parent["deserved"] = deserved
+    resources = sorted({f.resource for f in plan.broker_flavors})
+    parent["capability"] = {
+        r: str(
+            max(
+                sum(f.devices for f in plan.broker_flavors if f.resource == r),
+                int(deserved.get(r, 0)),
+            )
+        )
+        for r in resources
+    }
+    guarantee = summed("guarantee")
+    if guarantee:
+        parent["guarantee"] = {"resource": guarantee}
+    return {
+        "apiVersion": API,
+        "kind": "Queue",
+        "metadata": {"name": TRAINING_QUEUE},
+        "spec": parent,
+    }
+
+
+def _warnings(plan: TeamQueuePlan) -> list[str]:
+    spec = plan.spec
+    found: list[str] = []
+    rules = spec.borrowing
+    if rules:
+        pairs = ", ".join(f"{r.lender}->{r.borrower} {r.max_borrowable_ratio:g}" for r in rules)
+        found.append(
+            f"borrowing rules per lender and borrower (max_borrowable_ratio: {pairs}): "
+            "Volcano's capacity plugin lets any queue use any other's idle deserved, up to "
+            "its capability. Folded into each borrower's capability (nominal plus the shared "
+            "pool plus what its lenders may lend it) and each lender's guarantee (the part "
+            "its rules let no one borrow), so Volcano never lends more than tideflow's "
+            "ledger would; whom a borrower takes from is Volcano's choice"
+        )
+    thresholds = [r for r in rules if r.min_priority_class is not None]
+    if thresholds:
+        found.append(
+            "min_priority_class ("
+            + ", ".join(f"{r.lender}->{r.borrower}: {r.min_priority_class}" for r in thresholds)
+            + "): a Volcano queue has no priority floor for using others' idle resources; "
+            "every job of the queue may, within its capability. tideflow's ledger keeps "
+            "the floor for gangs it places itself"
+        )
+    if rules:
+        graces = sorted({r.grace for r in rules})
+        found.append(
+            f"grace per borrowing rule ({', '.join(f'{g}s' for g in graces)}): Volcano's "
+            "reclaim evicts the borrower's pods, which get their "
+            "terminationGracePeriodSeconds (TIDEFLOW_K8S_GRACE_S, one value for every "
+            "gang) to checkpoint and exit"
+        )
+    timeouts = [r for r in rules if r.auto_return_timeout is not None]
+    if timeouts:
+        found.append(
+            "auto_return_timeout ("
+            + ", ".join(f"{r.lender}->{r.borrower}: {r.auto_return_timeout}s" for r in timeouts)
+            + "): Volcano reclaims for queues below their deserved share, never after a "
+            "time. tideflow's ledger applies the timeout to gangs it places itself"
+        )
+    if any(c.preempts for c in spec.priority_classes):
+        found.append(
+            "preempts: the PriorityClasses carry it (preemptionPolicy), and Volcano's preempt "
+            "action stops lower-priority jobs of the same queue; a higher-priority job does "
+            "not take devices another queue borrows (Volcano reclaims by queue share, not "
+            "priority)"
+        )
+    limited = [t.name for t in spec.teams if t.priority_classes is not None]
+    defaults = [t.name for t in spec.teams if t.default_priority_class is not None]
+    if limited or defaults:
+        found.append(
+            "priority classes per team (allowed: "
+            f"{', '.join(limited) or 'none'}; default: {', '.join(defaults) or 'none'}): a "
+            "PriorityClass is cluster-wide and a Volcano queue neither restricts nor "
+            "defaults one. tideflow's ledger refuses a class the team may not use for gangs "
+            "it places itself; on Volcano the job's priorityClassName is what counts"
+        )
+    held: dict[str, list[str]] = {}  # resource -> models the teams hold quota of
+    for flavor in plan.flavors:
+        shares = [plan.shares[t].get(flavor.name) for t in plan.teams]
+        if flavor.model and any(share is not None and share.nominal for share in shares):
+            held.setdefault(flavor.resource, []).append(flavor.model)
+    for resource, models in sorted(held.items()):
+        if len(models) > 1:
+            found.append(
+                f"quotas per device model ({', '.join(models)}): a Volcano queue's resources "
+                f"are resource names, so the teams' quotas of every model are summed into "
+                f"{resource}; which model a gang gets is its node selector's, not the queue's"
+            )
+        pool = {f.model for f in plan.broker_flavors if f.resource == resource}
+        if pool and set(models) - pool:
+            found.append(
+                f"{resource} quotas outside the broker's pool: the broker sets the training "
+                "queue's capability to the GPUs of its pool it lends (never below deserved), "
+                "so the other models' quotas count in its deserved but not in what it lends"
+            )
+    reserve = spec.scheduling.reserve_after
+    if reserve is not None:
+        found.append(
+            f"reserve_after ({reserve}s): a Volcano queue has no waiting time after which a "
+            "job reserves resources; tideflow's ledger reserves for gangs it places itself"
+        )
+    if not spec.scheduling.fair_sharing:
+        found.append(
+            "fair_sharing: false: Volcano's capacity plugin always orders queues by their "
+            "share of deserved (allocated / deserved), which is tideflow's fair sharing"
+        )
+    budgets = [
+        f"{t.name} {q.label()} {q.budget_device_hours:g}"
+        for t in spec.teams
+        for q in t.quota
+        if q.budget_device_hours is not None
+    ]
+    if budgets:
+        found.append(
+            f"budget_device_hours ({', '.join(budgets)}): no Volcano quota is in "
+            "device-hours; tideflow shows use against the budget and enforces nothing"
+        )
+    for flavor in plan.broker_flavors:
+        if rules:
+            found.append(
+                f"the broker's pool ({flavor.label}, nodes labelled tideflow.io/pool="
+                f"{BROKER_POOL}): the broker may hand any of it to inference, so Volcano "
+                "reserves none of it (no guarantee) and the borrowing rules bound nothing "
+                "there; each team may use its deserved plus its borrowing_limit of it"
+            )
+    return found
+
+
+def compile_volcano(spec: ClusterSpec) -> tuple[str, list[str]]:
+    """The YAML stream (warnings as comments on top) and the warnings."""
+    objects, warnings = volcano_objects(spec)
+    header = comment_block(
+        f"Volcano queues for cluster {spec.metadata.name}, compiled by `tideflow compile "
+        "--target volcano` from its cluster file. Needs the capacity plugin"
+        + (" with enableHierarchy: true." if plan_has_broker(spec) else ".")
+        + " One Queue per team: a gang's Volcano Job names its team's queue.",
+        warnings,
+        BROKER_NOTE if plan_has_broker(spec) else "",
+    )
+    return render(header, objects), warnings
+
+
+def plan_has_broker(spec: ClusterSpec) -> bool:
+    return bool(plan_team_queues(spec).broker_flavors)
