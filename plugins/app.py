@@ -15,6 +15,10 @@ auth manager what that user may read and filters every panel by it:
 * device-hours: a team's when the user may read one of its tideflow DAGs
   (``team:<team>`` tag); the broker's team ``inference`` when the user may see
   the broker;
+* teams (quota, use, borrowed, lent, the month's device-hours against the
+  budget): as device-hours; the queue and the preemption journal: a gang's row
+  as its lease, and in their reasons the gangs the user may not see are
+  replaced;
 * GPU broker: when ``is_authorized_custom_view(method="GET",
   resource_name="tideflow-broker")`` is True.
 
@@ -42,8 +46,11 @@ from tideflow.ui import (
     champions,
     current_leases,
     device_usage,
+    gang_queue,
     pipeline_mlflow_runs,
+    preemption_journal,
     render_page,
+    team_quotas,
 )
 from tideflow.ui.access import Viewer
 
@@ -171,7 +178,28 @@ def build_overview(user: Any) -> Overview:
     except Exception as exc:
         problems.append(f"the leases could not be read: {exc}")
         leases = []
+    try:
+        teams, declared = team_quotas(settings.ledger_path, settings.cluster, now, viewer=viewer)
+    except Exception as exc:
+        problems.append(f"the teams' quotas could not be read: {exc}")
+        teams, declared = [], False
+    try:
+        queue = gang_queue(settings.ledger_path, settings.cluster, now, viewer=viewer)
+        preemptions = preemption_journal(
+            settings.ledger_path,
+            settings.cluster,
+            now - USAGE_WINDOW_DAYS * 86400,
+            viewer=viewer,
+        )
+    except Exception as exc:
+        problems.append(f"the queue could not be read: {exc}")
+        queue, preemptions = [], []
     return Overview(
+        teams=tuple(teams),
+        teams_declared=declared,
+        budget_month=dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m"),
+        queue=tuple(queue),
+        preemptions=tuple(preemptions),
         generated_at=_when(dt.datetime.now(dt.UTC)) or "",
         broker=tuple(broker),
         broker_window=_window(broker, now) if viewer.broker and journal.exists() else None,

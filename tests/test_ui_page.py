@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from html import escape
 from html.parser import HTMLParser
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -12,9 +15,12 @@ from tideflow.ui import (
     BrokerPoint,
     ChampionRow,
     DagRunRow,
+    JournalRow,
     LeaseRow,
     Overview,
     PipelineRow,
+    QueueRow,
+    TeamRow,
     UsageRow,
     render_page,
 )
@@ -171,6 +177,11 @@ def _everywhere(text: str) -> Overview:
         broker=(BrokerPoint(0.0, 16, 8, 6, 8, 1, text, text),),
         broker_window=(0.0, 600.0),
         leases=(LeaseRow(text, text, text, text, 2, 0, 60.0),),
+        teams=(TeamRow(text, text, text, 4, 2, 0, 1, 3.5, 10.0),),
+        teams_declared=True,
+        budget_month=text,
+        queue=(QueueRow(text, text, text, 100, 2, text, 60.0, text),),
+        preemptions=(JournalRow(text, text, text, text, text),),
     )
 
 
@@ -220,3 +231,176 @@ def test_who_sees_which_lease_and_team() -> None:
     assert not may_see_lease(operator, "hand-made-gang")  # tied to nothing: nobody
     assert may_see_team(reader, "vision") and not may_see_team(reader, "nlp")
     assert not may_see_team(reader, "inference") and may_see_team(operator, "inference")
+
+
+# -- teams, queue and preemptions ---------------------------------------------------------
+
+
+def test_teams_queue_and_preemptions_sections() -> None:
+    html = render_page(
+        overview(
+            teams_declared=True,
+            budget_month="2026-11",
+            teams=(
+                TeamRow("risk", "gpu", "gpu", 4, 6, 2, 0, 11.0, 10.0),
+                TeamRow("risk", "H100 gpu", "gpu", 2, 0, 0, 0, 11.0, 10.0),
+                TeamRow("marketing", "gpu", "gpu", 4, 0, 0, 2, 12.0, None),
+            ),
+            queue=(
+                QueueRow(
+                    "ads/run1/train",
+                    "marketing",
+                    "normal",
+                    100,
+                    4,
+                    "gpu",
+                    600.0,
+                    "stopping fraud/run1/train (checkpoint first) to make room",
+                ),
+            ),
+            preemptions=(
+                JournalRow("2026-11-02 01:30:00", "fraud/run1/train", "risk", "forced", "lost"),
+                JournalRow("2026-11-02 01:30:00", "fraud/run1/train", "risk", "evict", "why"),
+            ),
+        )
+    )
+    teams = html[html.index('<section id="teams">') : html.index('<section id="queue">')]
+    # one cell for the month's hours and budget of risk's GPUs, over its two quota rows
+    assert (
+        "<tr><td>risk</td><td>gpu</td><td class='num'>4</td><td class='num'>6</td>"
+        "<td class='num'>2</td><td class='num'>0</td><td class='num' rowspan='2'>11.0</td>"
+        "<td class='num' rowspan='2'>10.0</td><td class='num' rowspan='2'>"
+        "<span class='num over'>110%</span></td></tr>"
+        "<tr><td>risk</td><td>H100 gpu</td><td class='num'>2</td><td class='num'>0</td>"
+        "<td class='num'>0</td><td class='num'>0</td></tr>"
+    ) in teams
+    assert "<th>device-hours 2026-11</th>" in teams
+    assert "<td class='num' rowspan='1'>12.0</td><td class='num' rowspan='1'>-</td>" in teams
+    queue = html[html.index('<section id="queue">') : html.index('<section id="preemptions">')]
+    assert "<td>normal <span class='muted'>(100)</span></td>" in queue
+    assert "<td class='num'>4 GPU</td><td class='num'>10 min</td>" in queue
+    assert "stopping fraud/run1/train (checkpoint first) to make room" in queue
+    journal = html[html.index('<section id="preemptions">') : html.index('<section id="usage">')]
+    assert "<td>stopped, work lost</td><td>lost</td>" in journal
+    assert "<td>asked to stop</td><td>why</td>" in journal
+
+
+def test_teams_queue_and_preemptions_say_what_is_missing() -> None:
+    html = render_page(overview())
+    assert "The cluster file declares no teams" in html
+    assert "No gang is waiting for devices." in html
+    assert "No gang was asked to stop in the last 7 days." in html
+    assert "No team's quota is visible to you." in render_page(overview(teams_declared=True))
+
+
+BANK = """\
+apiVersion: tideflow/v1
+kind: Cluster
+metadata: {name: bank}
+nodes:
+  - {name: box, count: 1, cpu: 32, accelerators: {class: gpu, model: H100, count: 8}}
+priority_classes:
+  - {name: urgent, value: 1000, preempts: true}
+  - {name: normal, value: 100}
+teams:
+  - name: vision
+    quota: [{device: gpu, nominal: 4, budget_device_hours: 10}]
+    default_priority_class: normal
+  - name: secret-team
+    quota: [{device: gpu, nominal: 2}]
+    default_priority_class: normal
+"""
+
+
+def test_the_ledgers_teams_queue_and_journal_as_each_viewer_may_see_them(  # noqa: PLR0915
+    tmp_path: Path,
+) -> None:
+    """A real ledger: vision borrows the shared pool; secret-team's urgent gang stops it;
+    vision's next gang waits. The reader of vision's DAG sees vision's rows only, and
+    no word of the secret gang in the reasons."""
+    import time
+
+    from tideflow.inventory import load_cluster
+    from tideflow.scheduling import GangRequest, Lease, LeaseLedger
+    from tideflow.scheduling.accounting import month_window
+    from tideflow.ui import gang_queue, preemption_journal, team_quotas
+    from tideflow.ui.access import HIDDEN_GANG, Viewer
+
+    cluster = tmp_path / "bank.yaml"
+    cluster.write_text(BANK)
+    path = tmp_path / "leases.db"
+    real = time.time()
+    start = real - 3600.0
+    clock = [start]
+    ledger = LeaseLedger(path, load_cluster(cluster), clock=lambda: clock[0])
+
+    def take(gang_id: str, team: str, devices: int, cls: str = "normal") -> Lease | str:
+        priority = {"urgent": 1000, "normal": 100}[cls]
+        inference = team == "inference"
+        request = GangRequest(
+            gang_id,
+            team,
+            "gpu",
+            None,
+            1 if inference else devices,
+            devices if inference else 1,
+            1_000_000 if inference else priority,
+            not inference,
+            priority_class=None if inference else cls,
+        )
+        got = ledger.try_acquire(request, "test", 86400)
+        return got if isinstance(got, Lease) else got.reason
+
+    first = take("open/r1/train", "vision", 6)  # 4 own + the shared pool's 2
+    assert isinstance(first, Lease) and first.borrowed == 2
+    assert isinstance(take("broker/inference/0", "inference", 2), Lease)  # the box is full
+    clock[0] = start + 600
+    why = take("secret/r1/train", "secret-team", 2, "urgent")
+    assert isinstance(why, str) and "stopping open/r1/train" in why
+    ledger.release(first.lease_id, lost_s=300)
+    assert isinstance(take("secret/r1/train", "secret-team", 2, "urgent"), Lease)
+    clock[0] = time.time()  # a waiter is forgotten a minute after it last asked
+    assert isinstance(take("open/r2/train", "vision", 6), str)  # 4 free: it waits
+
+    reader = Viewer(dag_ids=frozenset({"open"}), teams=frozenset({"vision"}), broker=False)
+    admin = Viewer(
+        dag_ids=frozenset({"open", "secret"}),
+        teams=frozenset({"vision", "secret-team"}),
+        broker=True,
+    )
+    now = time.time()
+    rows, declared = team_quotas(path, str(cluster), now, viewer=reader)
+    assert declared and [r.team for r in rows] == ["vision"]
+    month_start = month_window(now)[0]
+    held = 6 * max(0.0, start + 600 - max(start, month_start)) / 3600
+    (vision,) = rows
+    assert (vision.device, vision.nominal, vision.in_use, vision.borrowed) == ("gpu", 4, 0, 0)
+    assert (round(vision.month_hours, 6), vision.budget_hours) == (round(held, 6), 10.0)
+    everyone, _ = team_quotas(path, str(cluster), now, viewer=admin)
+    assert [(r.team, r.nominal, r.in_use) for r in everyone] == [
+        ("secret-team", 2, 2),
+        ("vision", 4, 0),
+    ]
+
+    queue = gang_queue(path, str(cluster), now, viewer=reader)
+    assert [(q.gang_id, q.team, q.priority_class, q.devices) for q in queue] == [
+        ("open/r2/train", "vision", "normal", 6)
+    ]
+    assert queue[0].reason  # the ledger's reason, whatever it is
+
+    journal = preemption_journal(path, str(cluster), start - 1, viewer=reader)
+    assert [(j.gang_id, j.action) for j in journal] == [
+        ("open/r1/train", "forced"),  # newest first
+        ("open/r1/train", "evict"),
+    ]
+    evict = journal[1].reason
+    assert evict.startswith(f"preempted by {HIDDEN_GANG}"), evict
+    shown = [*map(asdict, rows), *map(asdict, queue), *map(asdict, journal)]
+    assert "secret" not in json.dumps(shown)
+    seen = preemption_journal(path, str(cluster), start - 1, viewer=admin)[1].reason
+    assert seen.startswith("preempted by secret/r1/train (priority 1000)"), seen
+    assert team_quotas(path, None, now, viewer=admin) == ([], False)  # no teams declared
+    missing = tmp_path / "none.db"
+    assert gang_queue(missing, str(cluster), now, viewer=admin) == []
+    assert preemption_journal(missing, str(cluster), 0.0, viewer=admin) == []
+    assert not missing.exists()

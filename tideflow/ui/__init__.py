@@ -6,14 +6,27 @@ over as plain data; ``tideflow.ui.access`` says who sees what.
 """
 
 from tideflow.ui.access import BROKER_VIEW, Viewer
-from tideflow.ui.model import ChampionRow, DagRunRow, LeaseRow, Overview, PipelineRow, UsageRow
+from tideflow.ui.model import (
+    ChampionRow,
+    DagRunRow,
+    JournalRow,
+    LeaseRow,
+    Overview,
+    PipelineRow,
+    QueueRow,
+    TeamRow,
+    UsageRow,
+)
 from tideflow.ui.page import render_page
 from tideflow.ui.sources import (
     broker_timeline,
     champions,
     current_leases,
     device_usage,
+    gang_queue,
     pipeline_mlflow_runs,
+    preemption_journal,
+    team_quotas,
 )
 from tideflow.ui.timeline import BrokerPoint, render_timeline
 
@@ -22,16 +35,22 @@ __all__ = [
     "BrokerPoint",
     "ChampionRow",
     "DagRunRow",
+    "JournalRow",
     "LeaseRow",
     "Overview",
     "PipelineRow",
+    "QueueRow",
+    "TeamRow",
     "UsageRow",
     "Viewer",
     "broker_timeline",
     "champions",
     "current_leases",
     "device_usage",
+    "gang_queue",
     "pipeline_mlflow_runs",
+    "preemption_journal",
     "render_page",
     "render_timeline",
+    "team_quotas",
 ]

@@ -21,6 +21,15 @@ leases now         a gang's lease: its gang id is ``dag_id/run_id/task_id`` and
 device-hours       a team's row: the caller may read at least one tideflow DAG of
                    that team (the DAG's ``team:<team>`` tag); the broker's own
                    team (``inference``): the caller may see the broker
+teams              a team's quota rows (quota, in use, borrowed, lent, this month's
+                   device-hours and budget): as device-hours
+queue              a waiting gang: as a lease (its DAG is readable)
+preemption         an entry (asked to stop, preempted, forced): as a lease
+journal
+reasons            in the queue and the journal, a gang the caller may not see (as
+                   a lease) is replaced by "a gang you may not see", and what the
+                   reason says of it in parentheses (team, holder) is dropped; the
+                   quota numbers and the lending teams it names are shown
 GPU broker         Airflow's auth manager answers ``is_authorized_custom_view(
                    method="GET", resource_name="tideflow-broker")`` with True
 problems           always; a champion that failed to be read is named only when
@@ -37,6 +46,7 @@ DAG of a team sees the hours of all that team's gangs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 BROKER_VIEW = "tideflow-broker"  # the custom view (resource name) that shows the broker
@@ -83,3 +93,28 @@ def may_see_team(viewer: Viewer, team: str) -> bool:
     if team in viewer.teams:
         return True
     return team == INFERENCE_TEAM and viewer.broker
+
+
+HIDDEN_GANG = "a gang you may not see"
+# A gang id in a scheduling reason, PIPELINE/RUN/STEP (run ids hold ':' and '+'), ended
+# by a space, a comma, a semicolon or a parenthesis; then, maybe, what the ledger says of
+# that gang in parentheses: "(team T, 2 device(s), holder H, for 30s)".
+_GANG_IN_TEXT = re.compile(
+    r"([^\s,;()/]+/[^\s,;()/]+/[^\s,;()]+)((?:\s\((?:[^()]|\([^()]*\))*\))?)"
+)
+
+
+def redact(text: str, viewer: Viewer) -> str:
+    """``text`` (a reason the ledger wrote) with each gang ``viewer`` may not see (as a
+    lease) replaced, with what the text says of it in parentheses (its team, holder and
+    devices): a reason names the gangs that hold devices, wait ahead or are stopped,
+    whoever's they are."""
+
+    def hide(match: re.Match[str]) -> str:
+        token = match.group(1)
+        gang_id = token.rstrip(".:")
+        if may_see_lease(viewer, gang_id):
+            return match.group(0)
+        return HIDDEN_GANG + token[len(gang_id) :]
+
+    return _GANG_IN_TEXT.sub(hide, text)

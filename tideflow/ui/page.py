@@ -6,7 +6,15 @@ from collections import defaultdict
 from html import escape
 from urllib.parse import quote
 
-from tideflow.ui.model import ChampionRow, LeaseRow, Overview, PipelineRow, UsageRow
+from tideflow.ui.model import (
+    ChampionRow,
+    JournalRow,
+    LeaseRow,
+    Overview,
+    PipelineRow,
+    QueueRow,
+    UsageRow,
+)
 from tideflow.ui.timeline import render_timeline
 
 _STYLE = """
@@ -28,6 +36,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .running, .queued { background: #e0e8f9; color: #19216c; }
 .other { background: #e4e7eb; color: #323f4b; }
 .muted { color: #7b8794; } .problem { color: #8a041a; }
+.over { color: #8a041a; font-weight: 600; }
 .legend { font-size: 12px; color: #52606d; margin: 4px 0 8px; }
 a { color: #0b69a3; text-decoration: none; } a:hover { text-decoration: underline; }
 code { font-size: 12px; }
@@ -171,6 +180,94 @@ def _leases(rows: tuple[LeaseRow, ...]) -> str:
     )
 
 
+def _hours(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _teams(overview: Overview) -> str:
+    if not overview.teams_declared:
+        return (
+            '<p class="muted">The cluster file declares no teams: one shared pool, no quotas.</p>'
+        )
+    if not overview.teams:
+        return '<p class="muted">No team\'s quota is visible to you.</p>'
+    body = []
+    rows = overview.teams
+    for index, row in enumerate(rows):
+        cells = (
+            f"<td>{escape(row.device)}</td><td class='num'>{row.nominal}</td>"
+            f"<td class='num'>{row.in_use}</td><td class='num'>{row.borrowed}</td>"
+            f"<td class='num'>{row.lent}</td>"
+        )
+        group = (row.team, row.device_class)
+        first = index == 0 or (rows[index - 1].team, rows[index - 1].device_class) != group
+        if first:  # the month's hours and budget are per device class: one cell for all
+            span = sum(1 for r in rows[index:] if (r.team, r.device_class) == group)
+            used = "-"
+            if row.budget_hours:
+                share = row.month_hours / row.budget_hours
+                css = "num over" if share > 1 else "num"
+                used = f"<span class='{css}'>{share:.0%}</span>"
+            cells += (
+                f"<td class='num' rowspan='{span}'>{_hours(row.month_hours)}</td>"
+                f"<td class='num' rowspan='{span}'>{_hours(row.budget_hours)}</td>"
+                f"<td class='num' rowspan='{span}'>{used}</td>"
+            )
+        body.append(f"<tr><td>{escape(row.team)}</td>{cells}</tr>")
+    month = escape(overview.budget_month)
+    return (
+        "<table><tr><th>team</th><th>device</th><th>quota</th><th>in use</th>"
+        "<th>borrowed</th><th>lent</th>"
+        f"<th>device-hours {month}</th><th>budget</th><th>of budget</th></tr>"
+        + "".join(body)
+        + "</table><p class='legend'>borrowed: devices it uses beyond its quota; lent: "
+        "devices of its quota other teams use now. Device-hours and budgets per calendar "
+        "month (UTC), per device class; budgets are shown, not enforced.</p>"
+    )
+
+
+def _wait(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _queue(rows: tuple[QueueRow, ...]) -> str:
+    if not rows:
+        return '<p class="muted">No gang is waiting for devices.</p>'
+    body = "".join(
+        f"<tr><td>{escape(r.gang_id)}</td><td>{escape(r.team)}</td>"
+        f"<td>{escape(r.priority_class or '-')} <span class='muted'>({r.priority})</span></td>"
+        f"<td class='num'>{r.devices} {escape(r.device.upper())}</td>"
+        f"<td class='num'>{_wait(r.waited_s)}</td><td>{escape(r.reason)}</td></tr>"
+        for r in rows
+    )
+    return (
+        "<table><tr><th>gang</th><th>team</th><th>priority class</th><th>devices</th>"
+        "<th>waiting for</th><th>why it waits</th></tr>" + body + "</table>"
+    )
+
+
+_ACTIONS = {
+    "evict": "asked to stop",
+    "preempted": "stopped after its checkpoint",
+    "forced": "stopped, work lost",
+}
+
+
+def _preemptions(rows: tuple[JournalRow, ...], days: int) -> str:
+    if not rows:
+        return f'<p class="muted">No gang was asked to stop in the last {days} days.</p>'
+    body = "".join(
+        f"<tr><td>{escape(r.at)}</td><td>{escape(r.gang_id)}</td><td>{escape(r.team)}</td>"
+        f"<td>{escape(_ACTIONS.get(r.action, r.action))}</td><td>{escape(r.reason)}</td></tr>"
+        for r in rows
+    )
+    return (
+        "<table><tr><th>at (UTC)</th><th>gang</th><th>team</th><th>what</th><th>why</th></tr>"
+        + body
+        + "</table>"
+    )
+
+
 def render_page(overview: Overview) -> str:
     problems = "".join(f'<p class="problem">{escape(p)}</p>' for p in overview.problems)
     mlflow = _link(overview.mlflow_url, "MLflow") if overview.mlflow_url else "MLflow"
@@ -179,12 +276,17 @@ def render_page(overview: Overview) -> str:
 <style>{_STYLE}</style></head>
 <body>
 <header><h1>tideflow</h1>
-<p>Pipelines, their runs, champions in the {mlflow} registry and device use per team ·
+<p>Pipelines, their runs, champions in the {mlflow} registry, teams' quotas, the queue
+and device use per team ·
 generated {escape(overview.generated_at)} UTC</p></header>
 <main>
 {problems}
 <section id="pipelines"><h2>Pipelines and recent runs</h2>{_pipelines(overview.pipelines)}</section>
 <section id="champions"><h2>Champions</h2>{_champions(overview.champions)}</section>
+<section id="teams"><h2>Teams: quotas and use</h2>{_teams(overview)}</section>
+<section id="queue"><h2>Queue</h2>{_queue(overview.queue)}</section>
+<section id="preemptions"><h2>Preemptions, last {overview.usage_window_days} days</h2>
+{_preemptions(overview.preemptions, overview.usage_window_days)}</section>
 <section id="usage"><h2>Device-hours per team, last {overview.usage_window_days} days</h2>
 {_usage(overview.usage, overview.usage_window_days)}</section>
 <section id="broker"><h2>GPU broker{_since(overview)}</h2>{_broker(overview)}</section>

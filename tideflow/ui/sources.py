@@ -17,8 +17,8 @@ from typing import Any
 from tideflow.promotion.registry import METRIC_TAG, PREVIOUS_ALIAS
 from tideflow.tracking.links import model_version_url, run_url
 from tideflow.tracking.runs import TAG_DAG_ID, TAG_KIND, TAG_RUN_ID, filter_literal
-from tideflow.ui.access import Viewer, may_see_dag, may_see_lease, may_see_team
-from tideflow.ui.model import ChampionRow, LeaseRow, UsageRow
+from tideflow.ui.access import Viewer, may_see_dag, may_see_lease, may_see_team, redact
+from tideflow.ui.model import ChampionRow, JournalRow, LeaseRow, QueueRow, TeamRow, UsageRow
 from tideflow.ui.timeline import BrokerPoint
 
 log = logging.getLogger(__name__)
@@ -185,3 +185,112 @@ def current_leases(
             )
         )
     return rows
+
+
+def team_quotas(
+    ledger_path: Path, cluster_file: str | None, now: float, *, viewer: Viewer
+) -> tuple[list[TeamRow], bool]:
+    """Per team and quota entry: quota, in use, borrowed and lent now, and the calendar
+    month's device-hours against the team's budget; only the teams ``viewer`` may see.
+    Also whether the cluster file declares teams at all."""
+    from tideflow.inventory import inventory_for
+    from tideflow.scheduling.accounting import budgets, month_window, team_view
+    from tideflow.scheduling.quota import Teams
+
+    inventory = inventory_for(cluster_file)
+    teams = Teams.of(inventory)
+    if teams is None or not teams.teams:
+        return [], False
+    leases, spans = [], []
+    if ledger_path.exists():  # no ledger yet: the quotas, nothing used
+        from tideflow.gangs import open_ledger
+
+        ledger = open_ledger(ledger_path, cluster_file)
+        leases = ledger.leases()
+        spans = ledger.usage_spans(month_window(now)[0], now)
+    month: dict[tuple[str, str], float] = {}
+    for span in spans:
+        month[(span.team, span.device_class)] = (
+            month.get((span.team, span.device_class), 0.0) + span.device_hours
+        )
+    planned = {(b.team, b.device_class): b.budget_hours for b in budgets(inventory.teams, [])}
+    rows = [
+        TeamRow(
+            r.team,
+            r.label,
+            r.device_class,
+            r.nominal,
+            r.in_use,
+            r.borrowed,
+            r.lent,
+            month.get((r.team, r.device_class), 0.0),
+            planned.get((r.team, r.device_class)),
+        )
+        for r in team_view(teams, leases)
+    ]
+    have = {(r.team, r.device_class) for r in rows}
+    for team, device_class in sorted(month):  # used a class it has no quota entry for
+        if teams.governs(team) and (team, device_class) not in have:
+            hours = month[(team, device_class)]
+            rows.append(TeamRow(team, device_class, device_class, 0, 0, 0, 0, hours, None))
+    rows.sort(key=lambda r: (r.team, r.device_class, r.device != r.device_class, r.device))
+    return [r for r in rows if may_see_team(viewer, r.team)], True
+
+
+def gang_queue(
+    ledger_path: Path, cluster_file: str | None, now: float, *, viewer: Viewer
+) -> list[QueueRow]:
+    """The gangs waiting for devices that ``viewer`` may see, first in line first, each
+    with the ledger's reason (other gangs in it redacted as ``tideflow.ui.access`` says)."""
+    if not ledger_path.exists():
+        return []
+    from tideflow.gangs import open_ledger
+
+    ledger = open_ledger(ledger_path, cluster_file)
+    reasons = ledger.waiting_reasons()
+    return [
+        QueueRow(
+            request.gang_id,
+            request.team,
+            request.priority_class,
+            request.priority,
+            request.devices,
+            request.label(),
+            max(0.0, now - since),
+            redact(reasons.get(request.gang_id, ""), viewer),
+        )
+        for request, since in ledger.waiting()
+        if may_see_lease(viewer, request.gang_id)
+    ]
+
+
+PREEMPTION_ACTIONS = ("evict", "preempted", "forced")
+JOURNAL_SCAN = 5000  # journal rows read (every decision); the page keeps the preemptions
+JOURNAL_SHOWN = 50
+
+
+def preemption_journal(
+    ledger_path: Path, cluster_file: str | None, since: float, *, viewer: Viewer
+) -> list[JournalRow]:
+    """Gangs asked to stop, and how they stopped, since ``since``, newest first."""
+    if not ledger_path.exists():
+        return []
+    import datetime as dt
+
+    from tideflow.gangs import open_ledger
+
+    entries = [
+        e
+        for e in open_ledger(ledger_path, cluster_file).journal(since, JOURNAL_SCAN)
+        if e.action in PREEMPTION_ACTIONS and may_see_lease(viewer, e.gang_id)
+    ]
+    return [
+        JournalRow(
+            dt.datetime.fromtimestamp(e.at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            e.gang_id,
+            e.team,
+            e.action,
+            redact(e.reason, viewer),
+        )
+        for e in reversed(entries[-JOURNAL_SHOWN:])
+    ]
