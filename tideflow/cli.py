@@ -245,11 +245,11 @@ def _compile_queues(args: argparse.Namespace) -> int:
         if args.target == "kueue":
             from tideflow.compile.kueue_queues import compile_kueue
 
-            text, warnings = compile_kueue(spec)
+            text, warnings = compile_kueue(spec, source=args.pipeline)
         else:
             from tideflow.compile.volcano_queues import compile_volcano
 
-            text, warnings = compile_volcano(spec)
+            text, warnings = compile_volcano(spec, source=args.pipeline)
     except QueueCompileError as exc:
         print(f"tideflow compile: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tests.kubefake import core_admission, jobset_webhooks, volcano_queue_webhook, volcano_webhooks
+from tests.kubefake import (
+    core_admission,
+    jobset_webhooks,
+    kueue_webhooks,
+    volcano_queue_webhook,
+    volcano_webhooks,
+)
 from tests.kubefake.object_meta import object_meta_problems
 from tests.kubefake.resources import BY_KIND, RequestInfo, Resource
 from tests.kubefake.schemas import validator
@@ -28,6 +34,8 @@ if TYPE_CHECKING:
 VOLCANO_JOB = ("batch.volcano.sh", "jobs")
 VOLCANO_QUEUE = ("scheduling.volcano.sh", "queues")
 JOBSET = ("jobset.x-k8s.io", "jobsets")
+KUEUE_CLUSTER_QUEUE = ("kueue.x-k8s.io", "clusterqueues")
+KUEUE_COHORT = ("kueue.x-k8s.io", "cohorts")
 
 
 def _queues(store: Store) -> Any:
@@ -96,6 +104,14 @@ def validate(
         refused = jobset_webhooks.kueue_validate_create(obj)
         if refused:
             raise jobset_webhooks.kueue_refusal(refused)
+    elif which == KUEUE_CLUSTER_QUEUE:  # on create and update (clusterqueue_webhook.go)
+        message = kueue_webhooks.validate_cluster_queue(obj)
+        if message:
+            raise webhook_denied(kueue_webhooks.CLUSTER_QUEUE_VALIDATE, 403, message, "Forbidden")
+    elif which == KUEUE_COHORT:
+        message = kueue_webhooks.validate_cohort(obj)
+        if message:
+            raise webhook_denied(kueue_webhooks.COHORT_VALIDATE, 403, message, "Forbidden")
 
 
 def admit(

@@ -332,12 +332,14 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
     return found
 
 
-def compile_kueue(spec: ClusterSpec, *, namespace: str = NAMESPACE) -> tuple[str, list[str]]:
+def compile_kueue(
+    spec: ClusterSpec, *, namespace: str = NAMESPACE, source: str = "CLUSTER_FILE"
+) -> tuple[str, list[str]]:
     """The YAML stream (warnings as comments on top) and the warnings."""
     objects, warnings = kueue_objects(spec, namespace=namespace)
     header = comment_block(
         f"Kueue queues for cluster {spec.metadata.name}, compiled by `tideflow compile "
-        "--target kueue` from its cluster file. One ClusterQueue and one LocalQueue per "
+        f"--target kueue {source}`. One ClusterQueue and one LocalQueue per "
         "team; a gang's JobSet names its team's LocalQueue (kueue.x-k8s.io/queue-name).",
         warnings,
         BROKER_NOTE if plan_team_queues(spec).broker_flavors else "",

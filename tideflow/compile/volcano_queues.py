@@ -292,12 +292,12 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
     return found
 
 
-def compile_volcano(spec: ClusterSpec) -> tuple[str, list[str]]:
+def compile_volcano(spec: ClusterSpec, *, source: str = "CLUSTER_FILE") -> tuple[str, list[str]]:
     """The YAML stream (warnings as comments on top) and the warnings."""
     objects, warnings = volcano_objects(spec)
     header = comment_block(
         f"Volcano queues for cluster {spec.metadata.name}, compiled by `tideflow compile "
-        "--target volcano` from its cluster file. Needs the capacity plugin"
+        f"--target volcano {source}`. Needs the capacity plugin"
         + (" with enableHierarchy: true." if plan_has_broker(spec) else ".")
         + " One Queue per team: a gang's Volcano Job names its team's queue.",
         warnings,
