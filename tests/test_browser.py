@@ -284,4 +284,8 @@ def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     broker = browser.find_element(By.ID, "broker")
     assert broker.find_elements(By.TAG_NAME, "svg") and "grow" in broker.text
     assert "broker/inference/0" in browser.find_element(By.ID, "leases").text
+    # the stack runs without a cluster file: no teams, the panel says so
+    assert "declares no teams" in browser.find_element(By.ID, "teams").text
+    assert browser.find_element(By.ID, "queue").is_displayed()
+    assert browser.find_element(By.ID, "preemptions").is_displayed()
     browser.save_screenshot(str(shots / "07-tideflow-page.png"))

@@ -40,6 +40,11 @@ kind: Cluster
 metadata: {name: lab}
 nodes:
   - {name: h100, count: 2, cpu: 64, accelerators: {class: gpu, model: H100, count: 8}}
+teams:
+  - name: vision
+    quota: [{device: gpu, nominal: 6, budget_device_hours: 100}]
+  - name: secret-team
+    quota: [{device: gpu, nominal: 4}]
 """
 
 OPEN_MODEL, SECRET_MODEL, UNLINKED_MODEL = "ui-open-model", "ui-secret-model", "unlinked-model"
@@ -241,6 +246,10 @@ def test_overview_hides_champion_lease_and_usage_of_a_dag_the_user_may_not_read(
     leases = {lease["gang_id"] for lease in overview["leases"]}
     assert LEASE_OPEN in leases and LEASE_SECRET not in leases
     assert {u["team"] for u in overview["usage"]} == {"vision"}
+    assert overview["teams_declared"] is True
+    assert [(t["team"], t["nominal"], t["in_use"]) for t in overview["teams"]] == [
+        ("vision", 6, 3)  # LEASE_OPEN and LEASE_LOOSE
+    ]
 
 
 def test_page_hides_champion_lease_and_usage_of_a_dag_the_user_may_not_read(page: Page) -> None:
@@ -248,6 +257,7 @@ def test_page_hides_champion_lease_and_usage_of_a_dag_the_user_may_not_read(page
     for secret in (SECRET, SECRET_MODEL, SECRET_CHECKPOINT, SECRET_METRIC, "secret-team"):
         assert secret not in html, secret
     assert OPEN_MODEL in html and LEASE_OPEN in html and "<td>vision</td>" in html
+    assert '<section id="teams">' in html and '<section id="queue">' in html
 
 
 def test_admin_sees_every_dags_champion_lease_usage_and_the_broker(page: Page) -> None:
@@ -257,6 +267,10 @@ def test_admin_sees_every_dags_champion_lease_usage_and_the_broker(page: Page) -
     leases = {lease["gang_id"] for lease in overview["leases"]}
     assert {LEASE_OPEN, LEASE_SECRET, LEASE_INFERENCE} <= leases
     assert {"vision", "secret-team", "inference"} <= {u["team"] for u in overview["usage"]}
+    assert [(t["team"], t["in_use"]) for t in overview["teams"]] == [
+        ("secret-team", 2),
+        ("vision", 3),
+    ]
     assert [p["reason"] for p in overview["broker"]] == [BROKER_REASON]
     html = page.html("admin")
     assert SECRET_CHECKPOINT in html and BROKER_REASON in html and "<svg" in html
