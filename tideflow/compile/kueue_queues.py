@@ -186,7 +186,6 @@ def kueue_objects(
             }
         )
     fair = plan.spec.scheduling.fair_sharing
-    reserve = plan.spec.scheduling.reserve_after
     for team in plan.teams:
         some, _ = _preempting(plan, team)
         preemption: dict[str, Any] = {
@@ -198,8 +197,8 @@ def kueue_objects(
         cq_spec: dict[str, Any] = {
             "cohortName": cohort,
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            # reserve_after 0: the gang first in line holds back every later one
-            "queueingStrategy": "StrictFIFO" if reserve == 0 else "BestEffortFIFO",
+            # StrictFIFO would reserve at once; reserve_after waits first (a warning)
+            "queueingStrategy": "BestEffortFIFO",
             "preemption": preemption,
             "resourceGroups": _resource_groups(plan, _team_shares(plan, team)),
         }

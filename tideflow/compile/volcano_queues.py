@@ -259,6 +259,12 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
                 "queue's capability to the GPUs of its pool it lends (never below deserved), "
                 "so the other models' quotas count in its deserved but not in what it lends"
             )
+    if any(q.device == "cpu" and q.nominal for t in spec.teams for q in t.quota):
+        found.append(
+            "cpu quotas: a Volcano queue counts every pod's CPU requests, a GPU or NPU "
+            "gang's too; tideflow's cpu quota counts CPU gangs only (GPU gangs that "
+            "request cpu use their team's cpu deserved on Volcano)"
+        )
     reserve = spec.scheduling.reserve_after
     if reserve is not None:
         found.append(
