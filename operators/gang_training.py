@@ -373,6 +373,8 @@ class GangTrainingOperator(TideflowOperator):
         if outputs.get("checkpoint"):
             tags["tideflow.checkpoint"] = str(outputs["checkpoint"])
             tags["tideflow.checkpoint_checksum"] = str(outputs.get("checkpoint_checksum"))
+        if not self._on_cluster():
+            tags.update(self._usage_tags(context))
         finish_tracking(
             self,
             run_id,
@@ -383,6 +385,26 @@ class GangTrainingOperator(TideflowOperator):
                 "restarts": float(status.restarts),
             },
         )
+
+    def _usage_tags(self, context: Context) -> dict[str, str]:
+        """The gang's device-hours from the ledger, on its own quota, borrowed and lost to
+        preemption (every attempt of this step's gang), for the run's cost attribution."""
+        from tideflow.gangs import open_ledger
+        from tideflow.scheduling.accounting import gang_usage
+
+        ledger_path, _, cluster = self._paths()
+        try:
+            split = gang_usage(
+                open_ledger(ledger_path, cluster).usage_spans(0.0), self._gang_id(context)
+            )
+        except Exception as exc:  # accounting must never fail a finished gang
+            self.log.warning("tideflow: device-hours not read from the ledger: %s", exc)
+            return {}
+        return {
+            "tideflow.device_hours.own": f"{split.own_hours:.6f}",
+            "tideflow.device_hours.borrowed": f"{split.borrowed_hours:.6f}",
+            "tideflow.device_hours.lost": f"{split.lost_hours:.6f}",
+        }
 
     def _command(self, gang: Any, ctx: Any, scratch: Path) -> tuple[list[str], dict[str, str]]:
         """The workers' command line and their step-context files (``local_command``)."""

@@ -250,6 +250,12 @@ def test_the_evaluation_scores_the_checkpoint_its_checkpoint_field_names(
     assert result["checkpoint_selection"]["selected"] == selected
     assert says in result["checkpoint_selection"]["reason"]
 
+    # the gang step's run carries its device-hours from the ledger (cost attribution)
+    train = step_run(name, "train", dag_run.run_id).data.tags
+    assert float(train["tideflow.device_hours.own"]) > 0
+    assert float(train["tideflow.device_hours.borrowed"]) == 0  # no teams declared
+    assert float(train["tideflow.device_hours.lost"]) == 0
+
     tags = step_run(name, "evaluate", dag_run.run_id).data.tags
     assert tags["tideflow.checkpoint"] == result["checkpoint"]
     assert tags["tideflow.checkpoint_step"] == str(step)
