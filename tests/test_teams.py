@@ -124,6 +124,13 @@ def test_quotas_summing_over_the_inventory_are_refused_at_their_lines(tmp_path: 
     ), found  # fmt: skip
 
 
+def test_a_class_wide_and_a_per_model_quota_share_the_same_devices(tmp_path: Path) -> None:
+    text = BANK.replace("nominal: 30}]\n    priority_classes", "model: H100, nominal: 31}]\n"
+                        "    priority_classes")  # fmt: skip
+    found = problems(tmp_path, text)
+    assert any("teams[2].quota[0].nominal" in p and "gpu quotas sum to 101" in p for p in found)
+
+
 def test_unknown_teams_classes_and_cycles_are_named(tmp_path: Path) -> None:
     text = BANK.replace("{lender: marketing, borrower: risk", "{lender: marketting, borrower: risk")
     text += "  - {lender: risk, borrower: research}\n  - {lender: research, borrower: risk2}\n"

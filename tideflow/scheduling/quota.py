@@ -133,7 +133,13 @@ class Teams:
         """Devices of ``key`` that no team's nominal quota covers."""
         device_class, model = key
         total = sum(n.offers(cast(DeviceClass, device_class), model) for n in self.inventory.nodes)
-        owned = sum(int(q.nominal) for (_, k), q in self._quotas.items() if k == key)
+        # A class-wide quota and the per-model ones draw on the same devices: count every
+        # quota that could hold these (the smaller pool is the safe side).
+        owned = sum(
+            int(q.nominal)
+            for (_, (cls, quota_model)), q in self._quotas.items()
+            if cls == device_class and (model is None or quota_model in (None, model))
+        )
         return max(0, total - owned)
 
     def priority(self, team: str, class_name: str | None) -> tuple[int, str | None]:

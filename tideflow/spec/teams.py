@@ -207,7 +207,16 @@ def team_issues(  # noqa: PLR0915 (one pass over the file, each rule a few lines
                 sums[(key[0], key[1] if isinstance(key[1], str) else None)].append(
                     ((*path, "nominal"), nominal)
                 )
-    for (device, model), entries in sorted(sums.items(), key=lambda kv: str(kv[0])):
+    # Per model, and per device class over every model's and the class-wide quotas:
+    # a class-wide quota is drawn from the same devices as the per-model ones.
+    by_class: dict[tuple[str, str | None], list[tuple[Path, int]]] = defaultdict(list)
+    for (device, model), entries in sums.items():
+        if model is not None:
+            by_class[(device, None)].extend(entries)
+    for (device, _), entries in list(by_class.items()):
+        entries.extend(sums.get((device, None), []))
+    checks = {**sums, **{k: v for k, v in by_class.items() if len(v) > len(sums.get(k, []))}}
+    for (device, model), entries in sorted(checks.items(), key=lambda kv: str(kv[0])):
         have = devices(device, model)
         total = sum(n for _, n in entries)
         if total > have:
