@@ -1,0 +1,217 @@
+"""Teams: static quotas versus tideflow's borrowing and preemption, replayed through the ledger.
+
+    nice .venv/bin/python bench/teams.py                      # scenarios 4 and 5, seeds 1-3
+    nice .venv/bin/python bench/teams.py --scenario 4 --seeds 1,2,3,4,5 --days 30
+    nice .venv/bin/python bench/teams.py --scenario 5 --markdown
+
+Every decision is the real ``LeaseLedger.try_acquire`` on a simulated clock
+(``tideflow.scheduling.replay``); both policies replay the same seeded stream
+on the users' bank cluster (100 GPUs in 10 nodes of 10; risk 40, marketing 30,
+research 30). "static" is the same file with no borrowing rules and no class
+that preempts (``replay.static_quotas``).
+
+Scenario 4, a month: risk at 70% of its quota, then 170% over the last five
+days (month end); marketing at 20% of its share; research steady at 80%.
+Scenario 5: risk's two-week 32-GPU run (hourly checkpoints) holds its GPUs
+when an urgent 32-GPU replacement model (16 h of training) arrives on day 3
+and must finish within 24 h; the other teams busy. Static has two outcomes:
+the urgent model waits ("static-wait"), or the team kills the long run by
+hand when it arrives and loses that run's work ("static-kill").
+
+Prints one JSON line per (scenario, seed, policy, team) and per run, then a
+table with tideflow/static ratios per seed. ``scheduling.reserve_after`` is
+off in both policies (see docs/benchmarks.md: with two gangs of one
+priority past it the ledger reserved the devices for each other and stalled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from tideflow.scheduling.replay import (
+    DAY,
+    HOUR,
+    bank_spec,
+    month_end_stream,
+    replay,
+    static_quotas,
+    urgent_stream,
+)
+
+S5_DAYS = 6.0
+
+
+def _spec(policy: str) -> Any:
+    spec = bank_spec(reserve_after=None)
+    return spec if policy == "tideflow" else static_quotas(spec)
+
+
+def run_one(scenario: int, seed: int, policy: str, days: float) -> dict[str, Any]:
+    started = time.perf_counter()
+    if scenario == 4:
+        jobs = month_end_stream(seed, days=days)
+        result = replay(_spec(policy), jobs, policy=policy, window_s=days * DAY)
+        extra: dict[str, Any] = {}
+    else:
+        jobs = urgent_stream(seed, days=S5_DAYS)
+        urgent = next(j for j in jobs if j.gang_id == "risk-urgent")
+        kills = {"risk-long-run": urgent.arrival_s} if policy == "static-kill" else None
+        result = replay(_spec(policy), jobs, policy=policy, window_s=S5_DAYS * DAY, kills=kills)
+        done, long_run = result.outcome("risk-urgent"), result.outcome("risk-long-run")
+        assert done.finished is not None and long_run.finished is not None
+        extra = {
+            "urgent_hours": (done.finished - urgent.arrival_s) / HOUR,
+            "urgent_deadline_met": done.finished <= (urgent.deadline_s or 0.0),
+            "long_run_preemptions": long_run.preemptions,
+            "long_run_lost_device_h": long_run.lost_s * long_run.job.devices / HOUR,
+            "long_run_lost_h": long_run.lost_s / HOUR,
+            "long_run_finish_days": long_run.finished / DAY,
+        }
+    return {
+        "scenario": scenario,
+        "seed": seed,
+        "policy": policy,
+        "jobs": len(result.outcomes),
+        "decisions": result.decisions,
+        "cluster_use": result.cluster_use,
+        "makespan_days": result.makespan_s / DAY,
+        "seconds": time.perf_counter() - started,
+        "teams": {t: f.as_dict() for t, f in result.teams.items()},
+        **extra,
+    }
+
+
+def _ratio(a: float, b: float) -> str:
+    return "-" if b == 0 else f"{a / b:.2f}"
+
+
+def table(runs: list[dict[str, Any]], markdown: bool) -> str:
+    by = {(r["scenario"], r["seed"], r["policy"]): r for r in runs}
+    lines: list[str] = []
+    sep = " | "
+    seeds4 = sorted({r["seed"] for r in runs if r["scenario"] == 4})
+    if seeds4:
+        head = [
+            "seed",
+            "team",
+            "queue mean h (static / tideflow / ratio)",
+            "queue p95 h (s / t / ratio)",
+            "quota use (s / t)",
+            "cluster share (s / t)",
+            "own / borrowed dev-h (t)",
+            "preempted (forced)",
+            "lost dev-h",
+        ]
+        lines += ["Scenario 4: month-end burst for risk, marketing at 20%", ""]
+        lines.append(("| " if markdown else "") + sep.join(head) + (" |" if markdown else ""))
+        if markdown:
+            lines.append("|" + "---|" * len(head))
+        for seed in seeds4:
+            s, t = by[(4, seed, "static")], by[(4, seed, "tideflow")]
+            for team in sorted(s["teams"]):
+                a, b = s["teams"][team], t["teams"][team]
+                row = [
+                    str(seed),
+                    team,
+                    f"{a['queue_mean_h']:.1f} / {b['queue_mean_h']:.1f} / "
+                    f"{_ratio(b['queue_mean_h'], a['queue_mean_h'])}",
+                    f"{a['queue_p95_h']:.1f} / {b['queue_p95_h']:.1f} / "
+                    f"{_ratio(b['queue_p95_h'], a['queue_p95_h'])}",
+                    f"{a['quota_use']:.2f} / {b['quota_use']:.2f}",
+                    f"{a['cluster_share']:.2f} / {b['cluster_share']:.2f}",
+                    f"{b['own_device_h']:.0f} / {b['borrowed_device_h']:.0f}",
+                    f"{b['preemptions']} ({b['forced']})",
+                    f"{b['lost_device_h']:.1f}",
+                ]
+                lines.append(
+                    ("| " if markdown else "") + sep.join(row) + (" |" if markdown else "")
+                )
+            row = [
+                str(seed),
+                "cluster",
+                f"use {s['cluster_use']:.3f} / {t['cluster_use']:.3f}",
+                f"last gang ends day {s['makespan_days']:.1f} / {t['makespan_days']:.1f}",
+                "",
+                "",
+                "",
+                "",
+                "",
+            ]
+            lines.append(("| " if markdown else "") + sep.join(row) + (" |" if markdown else ""))
+        risk = [
+            by[(4, seed, "tideflow")]["teams"]["risk"]["queue_mean_h"]
+            / by[(4, seed, "static")]["teams"]["risk"]["queue_mean_h"]
+            for seed in seeds4
+        ]
+        lines += ["", f"risk queue mean, tideflow/static over seeds: {statistics.fmean(risk):.2f}"]
+    seeds5 = sorted({r["seed"] for r in runs if r["scenario"] == 5})
+    if seeds5:
+        head = [
+            "seed",
+            "policy",
+            "urgent done after h (deadline 24)",
+            "long run preempted",
+            "long run lost dev-h",
+            "long run ends day",
+            "queue mean h risk / marketing / research",
+        ]
+        lines += [
+            "",
+            "Scenario 5: urgent 32-GPU model while a 2-week 32-GPU run holds the GPUs",
+            "",
+        ]
+        lines.append(("| " if markdown else "") + sep.join(head) + (" |" if markdown else ""))
+        if markdown:
+            lines.append("|" + "---|" * len(head))
+        for seed in seeds5:
+            for policy in ("static-wait", "static-kill", "tideflow"):
+                r = by[(5, seed, policy)]
+                q = r["teams"]
+                row = [
+                    str(seed),
+                    policy,
+                    f"{r['urgent_hours']:.1f} ({'met' if r['urgent_deadline_met'] else 'missed'})",
+                    str(r["long_run_preemptions"]),
+                    f"{r['long_run_lost_device_h']:.1f}",
+                    f"{r['long_run_finish_days']:.2f}",
+                    " / ".join(
+                        f"{q[t]['queue_mean_h']:.1f}" for t in ("risk", "marketing", "research")
+                    ),
+                ]
+                lines.append(
+                    ("| " if markdown else "") + sep.join(row) + (" |" if markdown else "")
+                )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", choices=("4", "5", "all"), default="all")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--days", type=float, default=30.0, help="scenario 4's month")
+    parser.add_argument("--workers", type=int, default=2, help="replays run side by side")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    tasks: list[tuple[int, int, str, float]] = []
+    if args.scenario in ("4", "all"):
+        tasks += [(4, s, p, args.days) for s in seeds for p in ("static", "tideflow")]
+    if args.scenario in ("5", "all"):
+        tasks += [
+            (5, s, p, args.days) for s in seeds for p in ("static-wait", "static-kill", "tideflow")
+        ]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        runs = list(pool.map(run_one, *zip(*tasks, strict=True)))
+    for run in runs:
+        print(json.dumps(run, sort_keys=True))
+    print()
+    print(table(runs, args.markdown))
+
+
+if __name__ == "__main__":
+    main()
