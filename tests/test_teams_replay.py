@@ -144,11 +144,6 @@ def _one_team_ledger(tmp: str, data: dict[str, object], now: list[float]) -> Lea
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger._reserved_for: two gangs of one priority past reserve_after each "
-    "reserve the devices against the other, and neither ever starts",
-)
 def test_two_gangs_past_reserve_after_do_not_stall_each_other() -> None:
     now = [0.0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -166,11 +161,6 @@ def test_two_gangs_past_reserve_after_do_not_stall_each_other() -> None:
         assert any(granted)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ledger._waiter_ahead admits the borrower without the lender's waiting demand: "
-    "the lender's own gang waits behind a borrower that admit() refuses",
-)
 def test_lenders_own_gang_is_not_held_behind_a_borrower_that_cannot_borrow() -> None:
     now = [0.0]
     with tempfile.TemporaryDirectory() as tmp:

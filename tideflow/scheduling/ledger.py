@@ -549,10 +549,17 @@ class LeaseLedger:
         limit = self.teams.reserve_after_s
         if limit is None:
             return None
+        mine = db.execute(
+            "SELECT enqueued_at FROM waiting WHERE gang_id = ?", (request.gang_id,)
+        ).fetchone()
+        queued_at = float(mine[0]) if mine else now
+        # Only a gang ahead of this one reserves against it (higher priority, or the same
+        # and queued earlier): two long waiters never hold each other back.
         for gang_id, text, enqueued_at in db.execute(
             "SELECT gang_id, request, enqueued_at FROM waiting WHERE gang_id != ? "
-            "AND priority >= ? AND enqueued_at <= ? ORDER BY priority DESC, enqueued_at",
-            (request.gang_id, request.priority, now - limit),
+            "AND enqueued_at <= ? AND (priority > ? OR (priority = ? AND enqueued_at < ?)) "
+            "ORDER BY priority DESC, enqueued_at",
+            (request.gang_id, now - limit, request.priority, request.priority, queued_at),
         ):
             other = GangRequest.from_json(str(text))
             if other.device_class != request.device_class:
@@ -636,6 +643,8 @@ class LeaseLedger:
         if not rows:
             return None
         held = self._held(db, now) if self.teams is not None else []
+        # as try_acquire does: a lender's own waiting gangs are demand it does not lend
+        demand = self._waiting_requests(db) if self.teams is not None else []
         waiting = [(GangRequest.from_json(str(r)), float(t)) for r, t in rows]
         # the asking gang first: on a tie it keeps its place (the sort is stable)
         order = queue_order(self.teams, [(request, queued_at), *waiting], held)
@@ -644,7 +653,7 @@ class LeaseLedger:
                 return None  # everyone after it in the queue waits behind it
             candidate = other
             if self.teams is not None:
-                quota = admit(self.teams, other, held)
+                quota = admit(self.teams, other, held, demand)
                 if not isinstance(quota, Grant):
                     continue
                 candidate = shrink_to(other, quota)
