@@ -20,8 +20,8 @@ hand when it arrives and loses that run's work ("static-kill").
 
 Prints one JSON line per (scenario, seed, policy, team) and per run, then a
 table with tideflow/static ratios per seed. ``scheduling.reserve_after`` is
-off in both policies (see docs/benchmarks.md: with two gangs of one
-priority past it the ledger reserved the devices for each other and stalled).
+the file's default (1800 s) in both policies; ``--reserve-after none`` turns
+it off. The first line names the commit the ledger and policy came from.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -46,22 +47,43 @@ from tideflow.scheduling.replay import (
 S5_DAYS = 6.0
 
 
-def _spec(policy: str) -> Any:
-    spec = bank_spec(reserve_after=None)
+def _spec(policy: str, reserve_after: str) -> Any:
+    spec = bank_spec() if reserve_after == "declared" else bank_spec(reserve_after=None)
     return spec if policy == "tideflow" else static_quotas(spec)
 
 
-def run_one(scenario: int, seed: int, policy: str, days: float) -> dict[str, Any]:
+def _commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    policy = ("tideflow/scheduling/ledger.py", "tideflow/scheduling/quota.py")
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "policy_edited": bool(git("status", "--porcelain", *policy)),
+    }
+
+
+def run_one(
+    scenario: int, seed: int, policy: str, days: float, reserve_after: str
+) -> dict[str, Any]:
     started = time.perf_counter()
     if scenario == 4:
         jobs = month_end_stream(seed, days=days)
-        result = replay(_spec(policy), jobs, policy=policy, window_s=days * DAY)
+        result = replay(_spec(policy, reserve_after), jobs, policy=policy, window_s=days * DAY)
         extra: dict[str, Any] = {}
     else:
         jobs = urgent_stream(seed, days=S5_DAYS)
         urgent = next(j for j in jobs if j.gang_id == "risk-urgent")
         kills = {"risk-long-run": urgent.arrival_s} if policy == "static-kill" else None
-        result = replay(_spec(policy), jobs, policy=policy, window_s=S5_DAYS * DAY, kills=kills)
+        result = replay(
+            _spec(policy, reserve_after),
+            jobs,
+            policy=policy,
+            window_s=S5_DAYS * DAY,
+            kills=kills,
+        )
         done, long_run = result.outcome("risk-urgent"), result.outcome("risk-long-run")
         assert done.finished is not None and long_run.finished is not None
         extra = {
@@ -196,14 +218,25 @@ def main() -> None:
     parser.add_argument("--days", type=float, default=30.0, help="scenario 4's month")
     parser.add_argument("--workers", type=int, default=2, help="replays run side by side")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--reserve-after",
+        choices=("declared", "none"),
+        default="declared",
+        help="scheduling.reserve_after: the file's default (1800 s), or off",
+    )
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    tasks: list[tuple[int, int, str, float]] = []
+    print(json.dumps({"bench": "teams", **_commit(), "reserve_after": args.reserve_after}))
+    tasks: list[tuple[int, int, str, float, str]] = []
     if args.scenario in ("4", "all"):
-        tasks += [(4, s, p, args.days) for s in seeds for p in ("static", "tideflow")]
+        tasks += [
+            (4, s, p, args.days, args.reserve_after) for s in seeds for p in ("static", "tideflow")
+        ]
     if args.scenario in ("5", "all"):
         tasks += [
-            (5, s, p, args.days) for s in seeds for p in ("static-wait", "static-kill", "tideflow")
+            (5, s, p, args.days, args.reserve_after)
+            for s in seeds
+            for p in ("static-wait", "static-kill", "tideflow")
         ]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(run_one, *zip(*tasks, strict=True)))
