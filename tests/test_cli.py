@@ -169,6 +169,7 @@ def test_every_command_has_help() -> None:
         "gangs",
         "pools",
         "broker",
+        "usage",
     }
     for name in subcommands:
         done = tideflow(name, "--help")
