@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 JOBSET = BY_KIND[("jobset.x-k8s.io/v1alpha2", "JobSet")]
 LOCAL_QUEUE = BY_KIND[("kueue.x-k8s.io/v1beta2", "LocalQueue")]
 CLUSTER_QUEUE = BY_KIND[("kueue.x-k8s.io/v1beta2", "ClusterQueue")]
+COHORT = BY_KIND[("kueue.x-k8s.io/v1beta2", "Cohort")]
 FLAVOR = BY_KIND[("kueue.x-k8s.io/v1beta2", "ResourceFlavor")]
 NAMESPACE = BY_KIND[("v1", "Namespace")]
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -86,6 +87,14 @@ class Kueue:
             limit = quantity(quota["lendingLimit"]) if "lendingLimit" in quota else nominal
             used = self.usage(other["metadata"]["name"], flavor, resource)
             spare += max(0.0, min(limit, nominal - used)) - max(0.0, used - nominal)
+        # Quota held by the Cohort object itself is lent to its member ClusterQueues (the
+        # Cohort CRD's spec.resourceGroups, schemas/kueue/kueue.x-k8s.io_cohorts.yaml);
+        # what members borrow is subtracted above.
+        own = self.fake.store.get(COHORT, "", cohort) if cohort else None
+        if own is not None:
+            quota = self._quota(own, flavor, resource)
+            if quota is not None:
+                spare += quantity(quota.get("nominalQuota", 0))
         return spare
 
     def _fits(self, queue: dict[str, Any], flavor: str, resource: str, amount: float) -> bool:
