@@ -292,6 +292,10 @@ def test_a_large_gang_that_waited_past_reserve_after_is_not_starved(
     # a new small gang would fit in the freed 10, but the big one has waited too long
     why = refused(ledger, gang("risk/s9", "risk", 10)).reason
     assert "reserved for risk/big, which has waited 1830s" in why
+    clock.now += 30
+    refused(ledger, gang("risk/s9", "risk", 10))  # the same reason, 30 s later
+    waits = [e for e in ledger.journal() if e.gang_id == "risk/s9" and e.action == "wait"]
+    assert len(waits) == 1, waits  # journaled when the reason changes, not every poll
     for lease in smalls[1:]:
         ledger.release(lease.lease_id)
     refused(ledger, gang("risk/s9", "risk", 10))

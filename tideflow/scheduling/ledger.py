@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import sqlite3
 import time
 import uuid
@@ -137,6 +138,10 @@ _LEASE_COLUMNS = (
     "lease_id, gang_id, holder, team, device_class, model, placements, priority, "
     "preemptible, acquired_at, expires_at, min_workers, borrowed, lender, priority_class"
 )
+
+
+def _shape(reason: object) -> str:
+    return re.sub(r"\d+", "#", str(reason))
 
 
 def _add_columns(db: sqlite3.Connection) -> None:
@@ -493,7 +498,8 @@ class LeaseLedger:
             (request.gang_id, request.to_json(), request.priority, now, now, reason, now),
         )
         # The journal records why a gang waits when the reason changes, not every poll.
-        if self.teams is not None and (before is None or before[0] != reason):
+        # (numbers such as "waited 1830s" change every poll: they do not make a new reason)
+        if self.teams is not None and (before is None or _shape(before[0]) != _shape(reason)):
             self._journal(db, now, request, "wait", reason)
 
     def _journal(
