@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from tideflow.inventory import Inventory
 from tideflow.scheduling.model import DeviceUsage, GangRequest, Lease, Refusal, WorkerPlacement
@@ -150,6 +151,13 @@ def _add_columns(db: sqlite3.Connection) -> None:
         for name, kind in columns:
             if name not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+
+class _View(NamedTuple):
+    """The leases and waiting requests the quota policy decides on, read once."""
+
+    held: tuple[Held, ...]
+    waiting: tuple[GangRequest, ...]
 
 
 @dataclass(frozen=True)
@@ -369,23 +377,25 @@ class LeaseLedger:
                 )
                 held = self._lease(row)
                 return replace(held, expires_at=max(held.expires_at, now + ttl_s))
+            # What the quota policy decides on: read once per transaction.
+            view = _View((), ())
             if self.teams is None:
                 grant: Grant | None = None
                 wanted = request
             else:
-                snapshot = self._held(db, now)
-                quota = admit(self.teams, request, snapshot, self._waiting_requests(db))
+                view = _View(tuple(self._held(db, now)), tuple(self._waiting_requests(db)))
+                quota = admit(self.teams, request, view.held, view.waiting)
                 if not isinstance(quota, Grant):
                     if quota.never:
                         db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
                         self._journal(db, now, request, "refuse", quota.reason)
                         return Refusal(quota.reason, never=True)
                     # a preempting class, or an expired borrow, may free quota too
-                    evicting = self._make_room(db, request, now)
+                    evicting = self._make_room(db, request, view, now)
                     return self._refuse(db, request, now, evicting or quota.reason)
                 grant = quota
                 wanted = shrink_to(request, grant)
-                reserved = self._reserved_for(db, request, grant, now)
+                reserved = self._reserved_for(db, request, grant, view, now)
                 if reserved is not None:
                     return self._refuse(db, request, now, reserved)
             used = self._used(db, request.device_class)
@@ -395,14 +405,14 @@ class LeaseLedger:
                     db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
                     return placed
                 if self.teams is not None:
-                    evicting = self._make_room(db, request, now)
+                    evicting = self._make_room(db, request, view, now)
                     if evicting:
                         return self._refuse(db, request, now, evicting)
                 self._wait(db, request, now, placed.reason)
                 return Refusal(
                     placed.reason + self._held_by(db, request.device_class, now), never=False
                 )
-            ahead = self._waiter_ahead(db, request, used, now)
+            ahead = self._waiter_ahead(db, request, used, view, now)
             if ahead is not None:
                 return self._refuse(
                     db,
@@ -544,7 +554,7 @@ class LeaseLedger:
         return [GangRequest.from_json(str(r)) for (r,) in db.execute("SELECT request FROM waiting")]
 
     def _reserved_for(
-        self, db: sqlite3.Connection, request: GangRequest, grant: Grant, now: float
+        self, db: sqlite3.Connection, request: GangRequest, grant: Grant, view: _View, now: float
     ) -> str | None:
         """A gang that has waited past ``reserve_after`` on this device class, at this
         priority or higher: nothing of lower or equal priority that competes for the same
@@ -572,7 +582,7 @@ class LeaseLedger:
                 continue
             if other.team != request.team and grant.borrowed == 0:
                 continue
-            quota = admit(self.teams, other, self._held(db, now))
+            quota = admit(self.teams, other, view.held, view.waiting)
             if isinstance(quota, Grant) or not quota.never:
                 return (
                     f"devices of class {request.device_class} are reserved for {gang_id}, "
@@ -581,7 +591,9 @@ class LeaseLedger:
                 )
         return None
 
-    def _make_room(self, db: sqlite3.Connection, request: GangRequest, now: float) -> str | None:
+    def _make_room(
+        self, db: sqlite3.Connection, request: GangRequest, view: _View, now: float
+    ) -> str | None:
         """Ask the gangs in the way to stop (checkpoint first); say whom it waits for."""
         assert self.teams is not None
         pending = db.execute(
@@ -593,8 +605,7 @@ class LeaseLedger:
             )
             return f"waiting for {names} to checkpoint and stop"
         teams = self.teams
-        held = self._held(db, now)
-        waiting = self._waiting_requests(db)
+        held, waiting = view
         used = self._used(db, request.device_class)
         claims: dict[str, list[tuple[str, int]]] = {}
         for gang_id, node, device in db.execute(
@@ -636,7 +647,12 @@ class LeaseLedger:
         return f"stopping {names} (checkpoint first) to make room: {chosen[0].reason}"
 
     def _waiter_ahead(
-        self, db: sqlite3.Connection, request: GangRequest, used: dict[str, set[int]], now: float
+        self,
+        db: sqlite3.Connection,
+        request: GangRequest,
+        used: dict[str, set[int]],
+        view: _View,
+        now: float,
     ) -> str | None:
         mine = db.execute(
             "SELECT enqueued_at FROM waiting WHERE gang_id = ?", (request.gang_id,)
@@ -648,9 +664,8 @@ class LeaseLedger:
         ).fetchall()
         if not rows:
             return None
-        held = self._held(db, now) if self.teams is not None else []
         # as try_acquire does: a lender's own waiting gangs are demand it does not lend
-        demand = self._waiting_requests(db) if self.teams is not None else []
+        held, demand = view
         waiting = [(GangRequest.from_json(str(r)), float(t)) for r, t in rows]
         # the asking gang first: on a tie it keeps its place (the sort is stable)
         order = queue_order(self.teams, [(request, queued_at), *waiting], held)
