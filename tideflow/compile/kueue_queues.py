@@ -37,6 +37,7 @@ from tideflow.compile.team_queues import (
     QueueCompileError,
     Share,
     TeamQueuePlan,
+    budget_warning,
     comment_block,
     memory_quantity,
     plan_team_queues,
@@ -303,17 +304,9 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "by their share of the cohort's lendable quota and ignores borrowWithinCohort. "
             "Without it, borrowing workloads go by priority, then creation time"
         )
-    budgets = [
-        f"{t.name} {q.label()} {q.budget_device_hours:g}"
-        for t in spec.teams
-        for q in t.quota
-        if q.budget_device_hours is not None
-    ]
+    budgets = budget_warning(spec, "Kueue")
     if budgets:
-        found.append(
-            f"budget_device_hours ({', '.join(budgets)}): no Kueue quota is in device-hours; "
-            "tideflow shows use against the budget and enforces nothing, as it does locally"
-        )
+        found.append(budgets)
     for flavor in plan.broker_flavors:
         if rules:
             found.append(

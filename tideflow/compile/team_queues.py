@@ -317,6 +317,22 @@ BROKER_NOTE = (
 )
 
 
+def budget_warning(spec: ClusterSpec, engine: str) -> str | None:
+    """Budgets are device-hours, which no engine's quota is: say so, naming them."""
+    budgets = [
+        f"{t.name} {q.label()} {q.budget_device_hours:g}"
+        for t in spec.teams
+        for q in t.quota
+        if q.budget_device_hours is not None
+    ]
+    if not budgets:
+        return None
+    return (
+        f"budget_device_hours ({', '.join(budgets)}): no {engine} quota is in device-hours; "
+        "tideflow shows use against the budget and enforces nothing, as it does locally"
+    )
+
+
 def comment_block(title: str, warnings: list[str], about: str = "") -> str:
     """The warnings as YAML comments above the documents, one rule a paragraph."""
     import textwrap

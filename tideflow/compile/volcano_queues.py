@@ -32,6 +32,7 @@ from tideflow.compile.team_queues import (
     TRAINING_QUEUE,
     QueueCompileError,
     TeamQueuePlan,
+    budget_warning,
     comment_block,
     plan_team_queues,
     render,
@@ -276,17 +277,9 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "fair_sharing: false: Volcano's capacity plugin always orders queues by their "
             "share of deserved (allocated / deserved), which is tideflow's fair sharing"
         )
-    budgets = [
-        f"{t.name} {q.label()} {q.budget_device_hours:g}"
-        for t in spec.teams
-        for q in t.quota
-        if q.budget_device_hours is not None
-    ]
+    budgets = budget_warning(spec, "Volcano")
     if budgets:
-        found.append(
-            f"budget_device_hours ({', '.join(budgets)}): no Volcano quota is in "
-            "device-hours; tideflow shows use against the budget and enforces nothing"
-        )
+        found.append(budgets)
     for flavor in plan.broker_flavors:
         if rules:
             found.append(
