@@ -11,6 +11,16 @@ stopped by the end of the grace is cancelled (its work since its last
 checkpoint is lost) and says so in the result. An elastic gang that is to
 shrink is stopped the same way and resumes on the workers left to it
 (restart-based elasticity: its operator's next lease is smaller).
+
+When the cluster file declares a team named ``inference``, the broker is a
+tenant like any other (``tideflow.scheduling.quota``): its reservations count
+against that team's nominal quota, the nodes it lends are that quota's idle
+devices, which other teams borrow under the file's borrowing rules, and
+growing back is the lender's reclaim. The ledger then chooses whom to stop (the
+gangs that borrow inference's quota, cheapest first) and gives each its rule's
+grace; the actuator carries the evictions out with ``enforce_evictions``, as a
+waiting training gang does. The broker can then never take more than its
+quota, nor stop a gang that runs within its own team's.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from dataclasses import dataclass
 from tideflow.backends.protocol import Backend
 from tideflow.broker.checkpoints import work_at_risk_since
 from tideflow.broker.policy import Decision, GangView
+from tideflow.gangs.evictions import enforce_evictions
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
 INFERENCE_TEAM = "inference"
@@ -68,6 +79,20 @@ class LocalActuator:
         self.checkpoint_store = checkpoint_store
 
     # -- reading the ledger -------------------------------------------------------------
+    @property
+    def tenant(self) -> bool:
+        """Whether inference is a team of the cluster file (quota, borrowing, reclaim)."""
+        return self.ledger.teams is not None and self.ledger.teams.governs(INFERENCE_TEAM)
+
+    def capacity(self) -> int:
+        """The most GPUs inference may hold: its team's nominal quota when it is a
+        tenant (the broker's dynamic quota moves within it), else the whole class."""
+        teams = self.ledger.teams
+        if teams is None or not self.tenant:
+            return self.total_gpus()
+        key = teams.key(INFERENCE_TEAM, self.device_class, self.model)
+        return min(self.total_gpus(), teams.nominal(INFERENCE_TEAM, key))
+
     def _of_class(self) -> list[Lease]:
         return [lease for lease in self.ledger.leases() if lease.device_class == self.device_class]
 
@@ -112,8 +137,8 @@ class LocalActuator:
         return self.total_gpus() - used
 
     # -- acting ---------------------------------------------------------------------------
-    def _reserve_one(self, index: int) -> bool:
-        request = GangRequest(
+    def _request(self, index: int) -> GangRequest:
+        return GangRequest(
             f"{INFERENCE_PREFIX}{index}",
             INFERENCE_TEAM,
             self.device_class,  # type: ignore[arg-type]
@@ -123,7 +148,10 @@ class LocalActuator:
             INFERENCE_PRIORITY,
             preemptible=False,
         )
-        return isinstance(self.ledger.try_acquire(request, "broker", RESERVATION_TTL_S), Lease)
+
+    def _reserve_one(self, index: int) -> bool:
+        granted = self.ledger.try_acquire(self._request(index), "broker", RESERVATION_TTL_S)
+        return isinstance(granted, Lease)
 
     def _free_index(self) -> int:
         taken = {int(x.gang_id.removeprefix(INFERENCE_PREFIX)) for x in self.reservations()}
@@ -141,6 +169,8 @@ class LocalActuator:
             self.ledger.release(lease.lease_id)
 
     def apply(self, decision: Decision) -> Applied:
+        if self.tenant:
+            return self._apply_as_tenant(decision)
         started = self.clock()
         current = self.inference_gpus()
         target = decision.inference_gpus
@@ -193,3 +223,79 @@ class LocalActuator:
             f"grew {now - current} of {target - current}"
             + (f"; forced {', '.join(forced)} after {self.grace_s:.0f} s" if forced else ""),
         )
+
+    # -- inference as a team of the cluster file --------------------------------------------
+    def _lend_down_to(self, target: int) -> None:
+        for lease in sorted(self.reservations(), key=lambda x: x.gang_id, reverse=True):
+            if self.inference_gpus() <= target:
+                break
+            self.ledger.release(lease.lease_id)
+
+    def _carry_out_evictions(self) -> list[str]:
+        """The ledger's evictions on the backend; the gangs forced to stop."""
+        if self.backend is not None:
+            steps = enforce_evictions(self.ledger, self.backend, clock=self._wall)
+            return [s.gang_id for s in steps if s.action == "forced"]
+        for eviction in self.ledger.evictions():  # no gangs to signal: they stop at once
+            lease = self.ledger.lease_for(eviction.gang_id)
+            if lease is not None:
+                self.ledger.release(lease.lease_id)
+        return []
+
+    def _wall(self) -> float:
+        return self.ledger.clock()  # eviction deadlines are on the ledger's clock
+
+    def _apply_as_tenant(self, decision: Decision) -> Applied:
+        """Grow by asking the ledger for reservations within inference's quota; the
+        ledger reclaims what other teams borrowed of it, with their rules' grace."""
+        started = self.clock()
+        current = self.inference_gpus()
+        target = min(decision.inference_gpus, self.capacity())
+        capped = (
+            f"; capped at inference's quota of {self.capacity()}"
+            if decision.inference_gpus > target
+            else ""
+        )
+        if target <= current:
+            self._lend_down_to(target)
+            self._forget_waiting()
+            moved = f"lent {current - target}" if target < current else "nothing to move"
+            return Applied(self.inference_gpus(), (), (), True, 0.0, moved + capped)
+        preempted: dict[str, None] = {}  # in the order the ledger asked them
+        forced: list[str] = []
+        refusal = ""
+        latest_deadline = started
+        while True:
+            index = self._free_index()
+            granted = self.ledger.try_acquire(self._request(index), "broker", RESERVATION_TTL_S)
+            if isinstance(granted, Lease):
+                if self.inference_gpus() >= target:
+                    break
+                continue
+            refusal = granted.reason
+            mine = [e for e in self.ledger.evictions() if e.by_gang.startswith(INFERENCE_PREFIX)]
+            for eviction in mine:
+                preempted.setdefault(eviction.gang_id)
+                latest_deadline = max(latest_deadline, eviction.deadline)
+            if not mine:
+                break  # nothing is being stopped for it: the quota or the nodes say no
+            forced += [g for g in self._carry_out_evictions() if g in preempted]
+            if self._wall() > latest_deadline + 10 * self.poll_s:
+                break  # defensive: a forced stop frees its devices at the deadline
+            self.sleep(self.poll_s)
+        self._forget_waiting()
+        now = self.inference_gpus()
+        note = f"grew {now - current} of {target - current}" + capped
+        if forced:
+            note += f"; forced {', '.join(forced)} after its grace"
+        if now < target and refusal:
+            note += f"; the ledger: {refusal}"
+        return Applied(
+            now, tuple(preempted), tuple(forced), now >= target, self.clock() - started, note
+        )
+
+    def _forget_waiting(self) -> None:
+        """A reservation the broker no longer asks for must not hold back training gangs."""
+        for request, _ in self.ledger.waiting():
+            if request.gang_id.startswith(INFERENCE_PREFIX):
+                self.ledger.forget(request.gang_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol
@@ -216,6 +216,16 @@ def open_local(
             "(set TIDEFLOW_CLUSTER_FILE to a cluster that has them)"
         )
     config = policy_config(settings, total)
+    if actuator.tenant:  # inference's dynamic quota moves within its declared nominal one
+        whole_nodes = actuator.capacity() // settings.node_gpus * settings.node_gpus
+        if whole_nodes < settings.min_inference_gpus:
+            raise ValueError(
+                f"tideflow broker: team inference's {settings.device_class} quota in the "
+                f"cluster file holds {whole_nodes} GPU(s) in whole nodes of "
+                f"{settings.node_gpus}, below the broker's min_inference_gpus "
+                f"{settings.min_inference_gpus}"
+            )
+        config = replace(config, max_inference_gpus=whole_nodes)
     return load_source_from(settings.load), actuator, config, DecisionJournal(journal_path)
 
 

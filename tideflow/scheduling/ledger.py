@@ -701,9 +701,12 @@ class LeaseLedger:
         return f"; held by {', '.join(held)}" if held else ""
 
     def forget(self, gang_id: str) -> None:
-        """Drop a queued request (its owner found other devices, or gave up)."""
+        """Drop a queued request (its owner found other devices, or gave up), and the
+        evictions made for it that nobody has carried out yet (a gang already asked
+        to stop goes on stopping; it requeues and resumes from its checkpoint)."""
         with self._transaction() as db:
             db.execute("DELETE FROM waiting WHERE gang_id = ?", (gang_id,))
+            db.execute("DELETE FROM evictions WHERE by_gang = ? AND signalled = 0", (gang_id,))
 
     def renew(self, lease_id: str, ttl_s: float) -> Lease:
         with self._transaction() as db:
