@@ -124,6 +124,7 @@ def gang_object(job: GangJob, settings: KubeSettings, *, restarts_used: int = 0)
         model=job.model,
         team=job.team,
         priority=job.priority,
+        priority_class=job.priority_class,
         max_restarts=job.max_restarts,
         image=job.image,
         cpu=job.cpu,

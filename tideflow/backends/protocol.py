@@ -53,6 +53,9 @@ class GangJob:
     team: str = "default"
     model: str | None = None
     priority: int = 0
+    # The cluster file's priority class (its value is ``priority``): on a cluster the gang
+    # names the WorkloadPriorityClass / PriorityClass ``tideflow compile`` made of it.
+    priority_class: str | None = None
     # Labels for the cluster object and its pods besides its gang and team (pipeline, step, run).
     labels: dict[str, str] = field(default_factory=dict)
     # The workers' image on a cluster (None: the platform's); the local backend runs the

@@ -5,7 +5,9 @@ apis/kueue/v1beta2/clusterqueue_types.go; site/content/en/docs/concepts/
 cluster_queue.md, preemption.md, workload_priority_class.md; the ClusterQueue
 webhook pkg/webhooks/clusterqueue_webhook.go):
 
-* a priority class -> a WorkloadPriorityClass of the same name and value;
+* a priority class -> a WorkloadPriorityClass of the same name and value
+  (``priority_class_name``), which a gang of that class names in its JobSet's label
+  ``kueue.x-k8s.io/priority-class`` (``tideflow.kube.jobset``);
 * the node groups of a device model -> a ResourceFlavor whose nodeLabels are the
   labels they share; the CPU -> flavor ``cpu`` (with memory when nodes declare it);
 * the teams -> one Cohort (named after the cluster) and one ClusterQueue per team
@@ -41,6 +43,7 @@ from tideflow.compile.team_queues import (
     comment_block,
     memory_quantity,
     plan_team_queues,
+    priority_class_name,
     render,
 )
 from tideflow.inventory import ClusterSpec
@@ -136,7 +139,7 @@ def kueue_objects(
         wpc: dict[str, Any] = {
             "apiVersion": API,
             "kind": "WorkloadPriorityClass",
-            "metadata": {"name": c.name},
+            "metadata": {"name": priority_class_name(c.name)},
             "value": c.value,
         }
         if c.description:

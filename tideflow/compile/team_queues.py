@@ -132,6 +132,18 @@ def memory_quantity(value: int) -> str | int:
     return value
 
 
+def priority_class_name(priority_class: str) -> str:
+    """The name of what ``tideflow compile`` makes of a cluster file's priority class:
+    Kueue's WorkloadPriorityClass and Volcano's (scheduling.k8s.io/v1) PriorityClass alike.
+
+    A gang of that class names it by this (``tideflow.kube.jobset``'s label
+    ``kueue.x-k8s.io/priority-class``, ``tideflow.kube.volcano``'s Job
+    ``priorityClassName``). It is the class's own name: a cluster file's ``Name`` is
+    already a DNS-1123 label (``tideflow.spec.fields``).
+    """
+    return priority_class
+
+
 def flavor_name(device_class: str, model: str | None) -> str:
     """A ResourceFlavor name (a DNS subdomain): 'cpu', or the model lower-cased ('h100')."""
     if model is None:

@@ -10,9 +10,11 @@ pkg/webhooks/admission/queues/validate/validate_queue.go):
   it may borrow (left out when that is the whole cluster), ``guarantee`` the part
   of its nominal it never lends (nominal less its lending limit);
   ``reclaimable: true``, so what a team borrows goes back when the lender needs it;
-* a priority class -> a PriorityClass (scheduling.k8s.io/v1) that Volcano's
-  preempt action reads from the pods: ``preemptionPolicy: Never`` unless it
-  ``preempts``;
+* a priority class -> a PriorityClass (scheduling.k8s.io/v1) of the same name
+  (``priority_class_name``) that Volcano's preempt action reads from the pods:
+  ``preemptionPolicy: Never`` unless it ``preempts``. A gang of that class names it
+  in its Job's ``priorityClassName`` (``tideflow.kube.volcano``), which Volcano
+  gives its pods;
 * the broker's pool -> the parent Queue ``training`` over every team queue: its
   ``deserved`` (and ``guarantee``) the teams' summed, which the queue webhook
   requires of a parent, and its ``capability`` on the pool's resource the GPUs the
@@ -35,6 +37,7 @@ from tideflow.compile.team_queues import (
     budget_warning,
     comment_block,
     plan_team_queues,
+    priority_class_name,
     render,
 )
 from tideflow.inventory import ClusterSpec
@@ -89,7 +92,7 @@ def volcano_objects(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[str]]
             {
                 "apiVersion": "scheduling.k8s.io/v1",
                 "kind": "PriorityClass",
-                "metadata": {"name": c.name},
+                "metadata": {"name": priority_class_name(c.name)},
                 "value": c.value,
                 "preemptionPolicy": "PreemptLowerPriority" if c.preempts else "Never",
                 "description": c.description or f"tideflow priority class {c.name}",

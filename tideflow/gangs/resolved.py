@@ -130,6 +130,7 @@ class ResolvedGang:
             team=self.team,
             model=self.model,
             priority=self.priority,
+            priority_class=self.priority_class,
             labels={
                 "tideflow.io/pipeline": dns_label(self.pipeline),
                 "tideflow.io/step": dns_label(self.step),

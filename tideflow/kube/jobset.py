@@ -17,14 +17,21 @@ collective). So a gang is one JobSet with one replicated Job:
   JobSet restarts without counting it against ``maxRestarts``;
 * ``network.enableDNSHostnames`` gives worker 0 a stable host name for
   ``MASTER_ADDR``;
-* the ``kueue.x-k8s.io/queue-name`` label names the team's LocalQueue; the pods'
-  PriorityClass is the workload's priority (Kueue reads it from the pod template).
+* the ``kueue.x-k8s.io/queue-name`` label names the team's LocalQueue. A gang of a
+  cluster file's priority class carries the label ``kueue.x-k8s.io/priority-class``
+  naming the WorkloadPriorityClass ``tideflow compile --target kueue`` made of it:
+  Kueue reads it from the JobSet's own labels (kueue pkg/controller/jobframework/
+  utils.go WorkloadPriorityClassName) and it decides the workload's priority, while
+  the pods keep the PriorityClass their priority maps to (site/content/en/docs/
+  concepts/workload_priority_class.md). Without a class the pods' PriorityClass is
+  the workload's priority too (Kueue reads it from the pod template).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from tideflow.compile.team_queues import priority_class_name
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import MLFLOW_CLIENT_LABELS
 from tideflow.kube.torchrun import JOBSET
@@ -38,6 +45,8 @@ from tideflow.kube.volcano import (
 )
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# kueue pkg/controller/constants/constants.go WorkloadPriorityClassLabel
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 REPLICATED_JOB = "worker"
 
 
@@ -77,13 +86,16 @@ def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[
         },
         "template": {"metadata": template_meta, "spec": pod_spec},
     }
+    jobset_labels = {**labels, QUEUE_LABEL: dns_label(shape.team)}
+    if shape.priority_class:
+        jobset_labels[PRIORITY_CLASS_LABEL] = priority_class_name(shape.priority_class)
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": {
             "name": name,
             "namespace": settings.namespace,
-            "labels": {**labels, QUEUE_LABEL: dns_label(shape.team)},
+            "labels": jobset_labels,
         },
         "spec": {
             "network": {"enableDNSHostnames": True, "subdomain": name},

@@ -1,6 +1,8 @@
 """A gang step as a Volcano Job: all workers or none (``minAvailable`` = workers).
 
-* ``queue`` is the team; ``priorityClassName`` maps the step's priority.
+* ``queue`` is the team; ``priorityClassName`` is the PriorityClass ``tideflow
+  compile --target volcano`` made of the gang's class in the cluster file, and for a
+  gang without one maps the step's priority (``KubeSettings.priority_class``).
 * Policies: exit 76 (the training-health guard) stops the gang without retrying;
   a failed pod restarts the whole gang from its newest checkpoint
   (``RestartJob``, at most ``max_restarts`` times: ``maxRetry`` is one more, as
@@ -32,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tideflow.compile.team_queues import priority_class_name
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import (
     DEVICE_RESOURCES,
@@ -122,6 +125,9 @@ class GangShape:
     team: str
     priority: int
     max_restarts: int
+    # The cluster file's class (ResolvedGang.priority_class): its compiled
+    # WorkloadPriorityClass or PriorityClass (``priority_class_name``) is the gang's.
+    priority_class: str | None = None
     image: str | None = None  # None: the platform's (``KubeSettings.image``)
     cpu: str | None = None  # per worker, besides its devices
     memory: str | None = None
@@ -257,6 +263,14 @@ def volcano_max_retry(max_restarts: int) -> int:
     return max_restarts + 1
 
 
+def job_priority_class(shape: GangShape, settings: KubeSettings) -> str:
+    """The Volcano Job's ``priorityClassName``: the PriorityClass compiled for the gang's
+    class (``tideflow compile --target volcano``), else the one its priority maps to."""
+    if shape.priority_class:
+        return priority_class_name(shape.priority_class)
+    return settings.priority_class(shape.priority)
+
+
 def gang_volcano_job(
     shape: GangShape, gang_id: str, settings: KubeSettings, *, restarts_used: int = 0
 ) -> dict[str, Any]:
@@ -280,7 +294,7 @@ def gang_volcano_job(
             "schedulerName": "volcano",
             "minAvailable": shape.workers,
             "queue": dns_label(shape.team),
-            "priorityClassName": settings.priority_class(shape.priority),
+            "priorityClassName": job_priority_class(shape, settings),
             "maxRetry": volcano_max_retry(max(0, shape.max_restarts - restarts_used)),
             "plugins": {"svc": [], "env": []},
             # Volcano applies the first policy that matches, checking each policy's event
