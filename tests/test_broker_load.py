@@ -230,3 +230,30 @@ def test_forecast_replays_the_same_whatever_was_asked_before() -> None:
         now = history[index].start_s
         warm = running.forecast(history[:index], now, 600)
         assert LoadForecaster(600, quantile=0.99).forecast(history[:index], now, 600) == warm
+
+
+def test_a_compressed_synthetic_day_is_the_same_day_faster() -> None:
+    """``synthetic:MEAN@DAY_S`` (the demo's load): the same diurnal shape over a short
+    day, 144 windows to a day as over a real one, and the broker's horizons and
+    cooldown shortened by the same factor."""
+    from tideflow.broker.policy import PolicyConfig
+    from tideflow.broker.service import LoadSourceError, load_source_from, on_the_loads_clock
+
+    real = load_source_from("synthetic:100")
+    fast = load_source_from("synthetic:100@180")
+    assert (real.window_s, fast.window_s) == (600.0, 1.25)
+    day = [s.rate for s in real.samples(0, 86400)]
+    fast_day = [s.rate for s in fast.samples(0, 180)]
+    assert len(day) == len(fast_day) == 144
+    peak_window = max(range(144), key=lambda i: day[i] or 0)
+    fast_peak = max(range(144), key=lambda i: fast_day[i] or 0)
+    assert abs(peak_window - fast_peak) <= 6  # both near 14:00 (window 84); noise aside
+    config = PolicyConfig(total_gpus=16, per_gpu_rps=10.0, node_gpus=1)
+    assert on_the_loads_clock(config, real) is config
+    scaled = on_the_loads_clock(config, fast)
+    assert scaled.lead_s == config.lead_s * 180 / 86400
+    assert scaled.cooldown_s == config.cooldown_s * 180 / 86400
+    assert scaled.lend_horizon_s == config.lend_horizon_s * 180 / 86400
+    for bad in ("synthetic:100@60", "synthetic:100@day", "synthetic:x"):
+        with pytest.raises(LoadSourceError, match="DAY_S >= 144"):
+            load_source_from(bad)

@@ -2,8 +2,12 @@
 
 Logs in, opens the digits DAG, triggers it through the trigger form with a
 changed parameter, waits for the run to succeed, then opens the tideflow page
-(inside Airflow's navigation and on its own). Screenshots go to
-``out/browser/`` (or ``$TIDEFLOW_TEST_OUTPUT/browser``).
+(inside Airflow's navigation and on its own). The stack runs as ``make demo``
+runs it: the lab cluster of two teams and the broker DAG on a compressed
+diurnal load; the demo's teams story (the broker lends, vision borrows, the
+broker reclaims with a checkpoint) runs through the broker DAG, and the page
+must show it. Screenshots go to ``out/browser/`` (or
+``$TIDEFLOW_TEST_OUTPUT/browser``).
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (``make browser`` installs
 them). Without them the test is skipped, unless ``TIDEFLOW_REQUIRE_BROWSER=1``
@@ -24,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import running_stack
 from tideflow.stack.airflow_api import AirflowApi
 
 pytestmark = pytest.mark.slow
@@ -40,6 +45,14 @@ def _browser_missing() -> str | None:
     except ImportError:
         missing.append("the selenium package")
     return ", ".join(missing) or None
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The local stack as ``make demo`` starts it: the lab's teams and the broker."""
+    from tideflow.stack.team_story import BROKER_ENV
+
+    yield from running_stack(tmp_path_factory.mktemp("stack"), BROKER_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -200,34 +213,6 @@ def _show_mlflow_metrics(browser: Any) -> None:
         pass
 
 
-def _run_broker(home: Path, shots: Path) -> None:
-    import subprocess
-    import sys
-
-    cluster = shots / "broker-cluster.yaml"
-    cluster.write_text(
-        "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: lab}\nnodes:\n"
-        "  - {name: h100, count: 2, cpu: 64, accelerators: {class: gpu, model: H100, count: 8}}\n"
-    )
-    env = {
-        **os.environ,
-        "TIDEFLOW_HOME": str(home),
-        "TIDEFLOW_CLUSTER_FILE": str(cluster),
-        "TIDEFLOW_BROKER_LOAD": "synthetic:60",
-        "TIDEFLOW_BROKER_PER_GPU_RPS": "10",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "tideflow.cli", "broker", "run", "--steps", "3", "--interval", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("grow: "), done.stdout
-
-
 def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     stack: Any, browser: Any, shots: Path
 ) -> None:
@@ -263,9 +248,11 @@ def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     _show_mlflow_metrics(browser)
     browser.save_screenshot(str(shots / "05-mlflow-run.png"))
 
-    # 4. The broker takes a few real steps against a declared 2x8-GPU cluster, so the
-    #    page has a timeline and leases to draw.
-    _run_broker(Path(stack.home), shots)
+    # 4. The demo's teams story through the broker DAG: the broker lends, vision's
+    #    gang borrows inference's idle GPU, the load climbs, the ledger reclaims it.
+    from tideflow.stack.__main__ import team_demo
+
+    assert team_demo(stack, api), "the broker reclaimed nothing within the demo's time"
 
     # 5. The tideflow page inside Airflow's navigation (an iframe of /tideflow/).
     browser.get(f"{base}/plugin/tideflow")
@@ -283,9 +270,11 @@ def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     assert "digits-classifier" in browser.find_element(By.ID, "champions").text
     broker = browser.find_element(By.ID, "broker")
     assert broker.find_elements(By.TAG_NAME, "svg") and "grow" in broker.text
-    assert "broker/inference/0" in browser.find_element(By.ID, "leases").text
-    # the stack runs without a cluster file: no teams, the panel says so
-    assert "declares no teams" in browser.find_element(By.ID, "teams").text
-    assert browser.find_element(By.ID, "queue").is_displayed()
-    assert browser.find_element(By.ID, "preemptions").is_displayed()
+    assert "broker/inference/" in browser.find_element(By.ID, "leases").text
+    teams = browser.find_element(By.ID, "teams").text
+    assert "inference" in teams and "vision" in teams
+    journal = browser.find_element(By.ID, "preemptions").text
+    assert "vision/team-story/train" in journal and "reclaimed by its lender inference" in journal
+    queue = browser.find_element(By.ID, "queue")
+    assert queue.is_displayed() and "vision/team-story/train" in queue.text
     browser.save_screenshot(str(shots / "07-tideflow-page.png"))

@@ -104,7 +104,9 @@ class TraceLoad:
 class SyntheticLoad:
     """Seeded diurnal load: daily and weekly cycle, noise, bursts and outages (gaps).
 
-    For tests and demos; benchmarks use real traces.
+    For tests and demos; benchmarks use real traces. ``day_s`` compresses the
+    day (a demo's day of a few minutes; its windows keep 144 to a day), and the
+    broker scales its own horizons with it (``tideflow.broker.service``).
     """
 
     mean_rps: float = 1000.0
@@ -117,14 +119,15 @@ class SyntheticLoad:
     peak_hour: float = 14.0
     seed: int = 0
     window_s: float = 600.0
+    day_s: float = 86400.0
 
     def rate_at(self, start_s: float) -> float | None:
         # One generator per window, seeded by (seed, window): any range gives the same values.
         rng = random.Random(hash((self.seed, int(start_s // self.window_s))))
         if rng.random() < self.outage_probability:
             return None
-        hour = (start_s % 86400) / 3600
-        day = int(start_s // 86400) % 7
+        hour = (start_s % self.day_s) / self.day_s * 24
+        day = int(start_s // self.day_s) % 7
         daily = 1 + self.daily_amplitude * math.cos(2 * math.pi * (hour - self.peak_hour) / 24)
         weekly = self.weekend_factor if day >= 5 else 1.0
         rate = self.mean_rps * daily * weekly * (1 + rng.gauss(0, self.noise))

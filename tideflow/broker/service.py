@@ -40,6 +40,7 @@ class Actuator(Protocol):
     def apply(self, decision: Decision) -> Any: ...
 
 
+BROKER_DAG_ID = "tideflow_broker"  # the Airflow DAG that runs the broker
 HISTORY_S = 8 * 86400.0
 CALIBRATION_S = 7 * 86400.0  # outcomes the SLO calibration replays
 
@@ -73,13 +74,37 @@ def load_source_from(spec: str) -> LoadSource:
         url, _, query = value.partition("|")
         return PrometheusLoad(url, query)
     if kind == "synthetic":
+        mean, _, day = value.partition("@")
         try:
-            return SyntheticLoad(mean_rps=float(value or 1000))
+            day_s = float(day) if day else 86400.0
+            if day_s >= 144:
+                return SyntheticLoad(
+                    mean_rps=float(mean or 1000), day_s=day_s, window_s=day_s / 144
+                )
         except ValueError:
             pass
     raise LoadSourceError(
         f"TIDEFLOW_BROKER_LOAD={spec!r}: use trace:PATH.csv, prometheus:URL|QUERY "
-        "or synthetic:MEAN_RPS"
+        "or synthetic:MEAN_RPS[@DAY_S] (a day of DAY_S >= 144 seconds, for demos)"
+    )
+
+
+def day_scale(load: LoadSource) -> float:
+    """How much shorter the load's day is than a real one (1: a real day)."""
+    return float(getattr(load, "day_s", 86400.0)) / 86400.0
+
+
+def on_the_loads_clock(config: PolicyConfig, load: LoadSource) -> PolicyConfig:
+    """The policy's horizons and cooldown shortened with a compressed day, so a demo's
+    broker forecasts, lends and waits as it would over a real one."""
+    scale = day_scale(load)
+    if scale == 1.0:
+        return config
+    return replace(
+        config,
+        lead_s=config.lead_s * scale,
+        lend_horizon_s=config.lend_horizon_s * scale,
+        cooldown_s=config.cooldown_s * scale,
     )
 
 
@@ -161,10 +186,11 @@ def observe(
     now_s: float,
 ) -> Snapshot:
     """Everything the policy needs, read now; the load from before ``now`` only."""
-    history = clean_outages(load.samples(now_s - HISTORY_S, now_s))
+    scale = day_scale(load)
+    history = clean_outages(load.samples(now_s - HISTORY_S * scale, now_s))
     forecaster = LoadForecaster(load.window_s, quantile=0.99)
     last = history[-1].rate if history else None
-    outcomes = coverage(journal.since(now_s - CALIBRATION_S), load.window_s)
+    outcomes = coverage(journal.since(now_s - CALIBRATION_S * scale), load.window_s)
     margin = SloCalibration().replay(outcomes)
     return Snapshot(
         now_s=now_s,
@@ -215,7 +241,8 @@ def open_local(
             f"tideflow broker: the inventory has no {settings.device_class} devices "
             "(set TIDEFLOW_CLUSTER_FILE to a cluster that has them)"
         )
-    config = policy_config(settings, total)
+    load = load_source_from(settings.load)
+    config = on_the_loads_clock(policy_config(settings, total), load)
     if actuator.tenant:  # inference's dynamic quota moves within its declared nominal one
         whole_nodes = actuator.capacity() // settings.node_gpus * settings.node_gpus
         if whole_nodes < settings.min_inference_gpus:
@@ -226,7 +253,7 @@ def open_local(
                 f"{settings.min_inference_gpus}"
             )
         config = replace(config, max_inference_gpus=whole_nodes)
-    return load_source_from(settings.load), actuator, config, DecisionJournal(journal_path)
+    return load, actuator, config, DecisionJournal(journal_path)
 
 
 def rebalance_once(

@@ -11,10 +11,10 @@ import os
 
 from airflow.sdk import DAG
 
-from tideflow.broker.service import BrokerSettings
+from tideflow.broker.service import BROKER_DAG_ID, BrokerSettings
 from tideflow.operators.broker import InferenceLoadSensor, RebalanceOperator
 
-BROKER_DAG_ID = "tideflow_broker"
+__all__ = ["BROKER_DAG_ID", "broker_dag"]
 
 
 def broker_dag(schedule: str = "*/5 * * * *") -> DAG | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tideflow.stack.airflow_api import AirflowApi, AirflowApiError
@@ -84,7 +85,49 @@ def describe(state: StackState) -> str:
     return "\n".join(lines)
 
 
+def broker_step(api: AirflowApi, timeout_s: float = 180) -> Callable[[], str]:
+    """One broker step through Airflow: a run of the broker DAG, waited for."""
+    from tideflow.broker.service import BROKER_DAG_ID
+
+    def step() -> str:
+        run_id = api.trigger(BROKER_DAG_ID)
+        return api.wait_for_run(BROKER_DAG_ID, run_id, timeout_s)
+
+    return step
+
+
+def team_demo(state: StackState, api: AirflowApi) -> bool:
+    """The multi-team story (``tideflow.stack.team_story``) on the running stack."""
+    from tideflow.broker.service import BROKER_DAG_ID
+    from tideflow.stack.team_story import run_team_story
+
+    try:
+        api.wait_for_dag(BROKER_DAG_ID, timeout_s=120)
+    except AirflowApiError:
+        print(
+            "The broker DAG is not there: this stack was started without the lab's broker "
+            "settings. Restart it (make down && make demo) to see the teams' story."
+        )
+        return False
+    api.unpause(BROKER_DAG_ID)
+    print(
+        "\nTeams: the broker (team inference, a quota of 2 GPUs) follows a diurnal load "
+        "whose day lasts 3 minutes; vision (2 GPUs) may borrow what inference lends.",
+        flush=True,
+    )
+    result = run_team_story(
+        Path(state.home), broker_step(api), say=lambda line: print(line, flush=True)
+    )
+    if not result.told:
+        print("The load did not climb back within the demo's time; nothing was reclaimed.")
+    return result.told
+
+
 def demo(home: Path, dag_id: str, timeout_s: float) -> int:
+    from tideflow.stack.team_story import BROKER_ENV
+
+    for name, value in BROKER_ENV.items():  # the lab: two teams and the broker
+        os.environ.setdefault(name, value)
     state = up(home)
     print("tideflow local stack is up:\n" + describe(state), flush=True)
     api = AirflowApi(state.services["airflow"].url, state.airflow_user, state.airflow_password)
@@ -105,14 +148,16 @@ def demo(home: Path, dag_id: str, timeout_s: float) -> int:
             "mlflow.pyfunc; m = mlflow.pyfunc.load_model('models:/digits-classifier@champion')"
             '"'
         )
+    told = result == "success" and team_demo(state, api)
     print(
-        f"Airflow UI: {airflow}/dags/{dag_id}  (login {state.airflow_user} / "
+        f"\nAirflow UI: {airflow}/dags/{dag_id}  (login {state.airflow_user} / "
         f"{state.airflow_password})"
     )
+    print(f"tideflow page: {airflow}/tideflow/  (teams, queue, preemption journal, broker)")
     print(f"MLflow UI:  {state.services['mlflow'].url}")
     print(f"S3 (SeaweedFS): {state.services['s3'].url}  buckets: tideflow, mlflow")
     print("Stop everything with: make down")
-    return 0 if result == "success" else 1
+    return 0 if result == "success" and told else 1
 
 
 def _champion(mlflow_url: str, model: str) -> str | None:
