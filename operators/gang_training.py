@@ -263,10 +263,14 @@ class GangTrainingOperator(TideflowOperator):
 
     def _request(self, context: Context, inventory: Any) -> Any:
         """The ledger's request, its priority from the run's priority class (if any)."""
+        return self._classed_gang(context, inventory).request()
+
+    def _classed_gang(self, context: Context, inventory: Any) -> Any:
+        """The gang with the cluster file's class: the run's, else its team's default."""
         from tideflow.gangs import with_team_priority
 
         try:
-            return with_team_priority(self._gang(context), inventory).request()
+            return with_team_priority(self._gang(context), inventory)
         except ValueError as exc:
             raise AirflowFailException(f"tideflow: step '{self.task_id}': {exc}") from None
 
@@ -330,7 +334,13 @@ class GangTrainingOperator(TideflowOperator):
                 "(a list such as [python, -m, my.module])"
             )
         ctx = self.step_context(context)
-        job = self._gang(context).cluster_job(self._tracking_env(context, ctx), context=ctx)
+        gang = self._gang(context)
+        _, _, cluster = self._paths()
+        if cluster is not None:  # the class the cluster file gives it, as on the local ledger
+            from tideflow.inventory import inventory_for
+
+            gang = self._classed_gang(context, inventory_for(cluster))
+        job = gang.cluster_job(self._tracking_env(context, ctx), context=ctx)
         status = backend.submit(job)
         self.log.info(
             "tideflow: gang %s submitted to %s as %s/%s (%d worker(s)): %s",

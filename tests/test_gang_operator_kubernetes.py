@@ -380,3 +380,53 @@ def test_a_cluster_gang_step_past_its_timeout_deletes_its_gang(
     assert cluster.gang_objects() == []
     deletes = [r for r in cluster.fake.requests_by(WORKER) if r.method == "DELETE"]
     assert [(r.resource, r.code) for r in deletes] == [("jobs", 200)]
+
+
+TEAMS_CLUSTER = """\
+apiVersion: tideflow/v1
+kind: Cluster
+metadata: {name: prio}
+nodes:
+  - {name: h100, count: 4, cpu: 64, memory: 512Gi,
+     accelerators: {class: gpu, model: H100, count: 8}}
+priority_classes:
+  - {name: urgent, value: 1000, preempts: true}
+  - {name: batch, value: 0}
+teams:
+  - name: vision
+    quota: [{device: gpu, model: H100, nominal: 32}]
+    default_priority_class: batch
+"""
+
+
+@pytest.mark.usefixtures("airflow_home")
+def test_a_cluster_gang_of_a_team_with_a_default_class_names_it_to_kueue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster
+) -> None:
+    """The run names no class: the team's default (the cluster file's) is the gang's,
+    as on the local ledger, and the JobSet names the WorkloadPriorityClass that
+    `tideflow compile --target kueue` made of it (the fake admits it only if it exists)."""
+    import yaml
+
+    from tideflow.cli import main
+
+    cluster_file = tmp_path / "teams-cluster.yaml"
+    cluster_file.write_text(TEAMS_CLUSTER)
+    compiled = tmp_path / "kueue.yaml"
+    assert main(["compile", "--target", "kueue", str(cluster_file), "-o", str(compiled)]) == 0
+    classes = tmp_path / "classes.yaml"
+    classes.write_text(
+        yaml.safe_dump_all(
+            d
+            for d in yaml.safe_load_all(compiled.read_text())
+            if d and d["kind"] == "WorkloadPriorityClass"
+        )
+    )
+    cluster.fake.apply(classes)
+    monkeypatch.setenv("TIDEFLOW_CLUSTER_FILE", str(cluster_file))
+    monkeypatch.setenv("TIDEFLOW_K8S_GANG_SCHEDULER", "kueue")
+    cluster.run_jobset_when_watched()
+    dag_run = run_dag(pipeline(tmp_path), monkeypatch)
+    assert states(dag_run) == {"train": "success"}
+    (jobset,) = cluster.gang_objects()
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "batch"
