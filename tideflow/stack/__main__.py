@@ -111,7 +111,7 @@ def team_demo(state: StackState, api: AirflowApi) -> bool:
         return False
     api.unpause(BROKER_DAG_ID)
     print(
-        "\nTeams: the broker (team inference, a quota of 2 GPUs) follows a diurnal load "
+        "\nTeams: the broker (team inference, a quota of 4 GPUs) follows a diurnal load "
         "whose day lasts 3 minutes; vision (2 GPUs) may borrow what inference lends.",
         flush=True,
     )

@@ -1,15 +1,17 @@
 """The demo's multi-team story on the local stack: the broker lends, a team borrows,
 the broker reclaims.
 
-The lab (``deploy/local/lab-cluster.yaml``) declares four emulated GPUs, team
-``inference`` (the broker, a tenant with a quota of two) and team ``vision``
+The lab (``deploy/local/lab-cluster.yaml``) declares six emulated GPUs, team
+``inference`` (the broker, a tenant with a quota of four) and team ``vision``
 (two), and lets vision borrow inference's idle quota. The broker runs as the
 ``tideflow_broker`` DAG on a synthetic diurnal load whose day lasts a few
 minutes. The story, each step through the real components:
 
   1. broker DAG runs until inference holds less than its quota (the trough);
-  2. a three-GPU vision gang (digits, workers on emulated GPUs) asks the lease
-     ledger: two of its own quota and one borrowed from inference; it starts on
+  2. an elastic vision gang of 3 to 4 GPUs (digits, workers on emulated GPUs)
+     asks the lease ledger: two of its own quota and what inference lends (all
+     of it: the lab has no other idle GPU, so the next growth must reclaim
+     it); it starts on
      the local backend (with its lease, renewed by its supervisor, as a gang
      step's is);
   3. broker DAG runs until the load climbs and the broker takes its GPU back:
@@ -35,14 +37,16 @@ LAB_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "lab-cl
 GANG_ID = "vision/team-story/train"
 BROKER_ENV = {
     "TIDEFLOW_CLUSTER_FILE": str(LAB_CLUSTER),
-    # a diurnal load of 10 requests/s on average whose day lasts 3 minutes; one GPU
-    # serves 10/s, so inference needs one GPU at night and two at the peak
-    "TIDEFLOW_BROKER_LOAD": "synthetic:10@180",
-    "TIDEFLOW_BROKER_PER_GPU_RPS": "10",
+    # a diurnal load of 8 requests/s on average whose day lasts 3 minutes; one GPU
+    # serves 4/s, so inference needs one or two GPUs at night and three or four at
+    # the peak (the forecast's margin included)
+    "TIDEFLOW_BROKER_LOAD": "synthetic:8@180",
+    "TIDEFLOW_BROKER_PER_GPU_RPS": "4",
     "TIDEFLOW_BROKER_NODE_GPUS": "1",
     "TIDEFLOW_BROKER_GRACE_S": "60",
     "TIDEFLOW_BROKER_POLL_S": "1",
-    "TIDEFLOW_BROKER_SENSE_S": "45",
+    # a broker run waits (deferred) for the load to ask for a change
+    "TIDEFLOW_BROKER_SENSE_S": "150",
 }
 
 
@@ -94,7 +98,7 @@ def _gang_job(home: Path, lease_id: str, workers: int, checkpoints: str) -> Gang
     return GangJob(
         GANG_ID,
         command,
-        {"TIDEFLOW_CHECKPOINT_URI": checkpoints},
+        {"TIDEFLOW_CHECKPOINT_URI": checkpoints, "TIDEFLOW_MIN_WORKERS": "3"},
         tuple(WorkerSlot(rank, "localhost", (rank,)) for rank in range(workers)),
         "gpu",
         True,
@@ -125,7 +129,7 @@ def run_team_story(
     ledger = open_ledger(home / "leases.db", str(LAB_CLUSTER))
     backend = LocalBackend(home / "gangs")
     checkpoints = (home / "team-story" / "checkpoints").as_uri()
-    request = GangRequest(GANG_ID, "vision", "gpu", None, 3, 1)
+    request = GangRequest(GANG_ID, "vision", "gpu", None, 4, 1, min_workers=3)
     deadline = time.monotonic() + timeout_s
     runs, started, borrowed = 0, False, 0
 
@@ -148,10 +152,11 @@ def run_team_story(
                 if isinstance(lease, Lease):
                     borrowed = lease.borrowed
                     say(
-                        f"  vision's 3-GPU gang starts: {lease.devices - lease.borrowed} of its "
-                        f"own quota, {lease.borrowed} borrowed from {lease.lender or 'nobody'}"
+                        f"  vision's gang starts on {lease.devices} GPUs: "
+                        f"{lease.devices - lease.borrowed} of its own quota, {lease.borrowed} "
+                        f"borrowed from {lease.lender or 'nobody'}"
                     )
-                    backend.submit(_gang_job(home, lease.lease_id, 3, checkpoints))
+                    backend.submit(_gang_job(home, lease.lease_id, lease.workers, checkpoints))
                     started = True
                 else:
                     ledger.forget(request.gang_id)  # asked again after the next broker run
@@ -163,10 +168,13 @@ def run_team_story(
                 say(f"  the ledger stopped vision's gang: {reason}")
                 say(
                     f"  it ended {status.state.value} (checkpoint at step "
-                    f"{latest.step if latest else '-'}); asked again, it waits:"
+                    f"{latest.step if latest else '-'}); its operator would ask again:"
                 )
                 again = ledger.try_acquire(request, "team-story", 3600)
-                say(f"    {getattr(again, 'reason', 'granted')}")
+                if isinstance(again, Lease):  # the demo stops here: give them back
+                    say(f"    granted {again.devices} GPU(s) (what inference lends now)")
+                else:
+                    say(f"    it waits: {again.reason}")
                 return StoryResult(borrowed, reason, latest.step if latest else None, runs)
         return StoryResult(borrowed, evicted(), None, runs)
     finally:
