@@ -274,6 +274,6 @@ def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     teams = browser.find_element(By.ID, "teams").text
     assert "inference" in teams and "vision" in teams
     journal = browser.find_element(By.ID, "preemptions").text
-    assert "vision/team-story/train" in journal and "reclaimed by its lender inference" in journal
+    assert "digits/team-story/train" in journal and "reclaimed by its lender inference" in journal
     assert browser.find_element(By.ID, "queue").is_displayed()
     browser.save_screenshot(str(shots / "07-tideflow-page.png"))

@@ -34,7 +34,8 @@ from pathlib import Path
 from tideflow.backends.protocol import GangJob, WorkerSlot
 
 LAB_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "lab-cluster.yaml"
-GANG_ID = "vision/team-story/train"
+# a training gang of the digits pipeline (team vision): who may read that DAG sees it
+GANG_ID = "digits/team-story/train"
 BROKER_ENV = {
     "TIDEFLOW_CLUSTER_FILE": str(LAB_CLUSTER),
     # a diurnal load of 8 requests/s on average whose day lasts 3 minutes; one GPU
