@@ -288,9 +288,9 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             f"{', '.join(limited) or 'none'}; default: {', '.join(defaults) or 'none'}): a "
             "WorkloadPriorityClass is cluster-wide and a workload names it with the label "
             "kueue.x-k8s.io/priority-class; Kueue neither restricts which classes a "
-            "LocalQueue's workloads use nor defaults one per queue. tideflow's ledger refuses a "
-            "class the team may not use, and gives the team's default, for gangs it places "
-            "itself; on Kueue the workload's label (or its pods' PriorityClass) is what counts"
+            "LocalQueue's workloads use nor defaults one per queue. tideflow's gang step "
+            "refuses a class the team may not use and labels its JobSet with the run's class "
+            "or the team's default; a workload submitted otherwise is not checked"
         )
     reserve = spec.scheduling.reserve_after
     if reserve:

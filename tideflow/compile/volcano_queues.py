@@ -241,8 +241,9 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "priority classes per team (allowed: "
             f"{', '.join(limited) or 'none'}; default: {', '.join(defaults) or 'none'}): a "
             "PriorityClass is cluster-wide and a Volcano queue neither restricts nor "
-            "defaults one. tideflow's ledger refuses a class the team may not use for gangs "
-            "it places itself; on Volcano the job's priorityClassName is what counts"
+            "defaults one. tideflow's gang step refuses a class the team may not use and "
+            "sets its Job's priorityClassName to the run's class or the team's default; a "
+            "job submitted otherwise is not checked"
         )
     held: dict[str, list[str]] = {}  # resource -> models the teams hold quota of
     for flavor in plan.flavors:
