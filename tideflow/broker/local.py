@@ -174,11 +174,8 @@ class LocalActuator:
         started = self.clock()
         current = self.inference_gpus()
         target = decision.inference_gpus
-        if target < current:  # lend whole nodes back, newest reservations first
-            for lease in sorted(self.reservations(), key=lambda x: x.gang_id, reverse=True):
-                if self.inference_gpus() <= target:
-                    break
-                self.ledger.release(lease.lease_id)
+        if target < current:
+            self._lend_down_to(target)
             return Applied(self.inference_gpus(), (), (), True, 0.0, f"lent {current - target}")
         if target == current:
             return Applied(current, (), (), True, 0.0, "nothing to move")
@@ -226,6 +223,7 @@ class LocalActuator:
 
     # -- inference as a team of the cluster file --------------------------------------------
     def _lend_down_to(self, target: int) -> None:
+        """Lend whole nodes back, newest reservations first."""
         for lease in sorted(self.reservations(), key=lambda x: x.gang_id, reverse=True):
             if self.inference_gpus() <= target:
                 break
