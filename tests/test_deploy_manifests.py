@@ -59,8 +59,11 @@ def values() -> dict[str, Any]:
     return loaded
 
 
+LAB_CLUSTER = REPO / "deploy" / "local" / "lab-cluster.yaml"
+
+
 def test_every_yaml_file_in_deploy_is_checked_here() -> None:
-    checked = set(DEPLOY.glob("*.yaml")) | {VALUES}
+    checked = set(DEPLOY.glob("*.yaml")) | {VALUES, LAB_CLUSTER}
     found = set((REPO / "deploy").rglob("*.yaml")) | set((REPO / "deploy").rglob("*.yml"))
     assert found == checked, sorted(str(p.relative_to(REPO)) for p in found ^ checked)
 
@@ -1523,3 +1526,25 @@ def test_the_guide_builds_the_image_the_values_name_and_applies_every_manifest()
     for path in sorted(DEPLOY.glob("*.yaml")):
         assert f"deploy/kubernetes/{path.name}" in guide, path.name
     assert "deploy/helm/airflow-values.yaml" in guide
+
+
+def test_the_demo_lab_is_a_valid_cluster_file_whose_broker_is_a_tenant() -> None:
+    """The demo's lab (``make demo``): it loads through the cluster file's validation,
+    declares the broker's team ``inference`` with a GPU quota vision may borrow, and is
+    the file the demo's broker settings point to."""
+    from tideflow.broker.local import INFERENCE_TEAM
+    from tideflow.inventory import load_cluster
+    from tideflow.scheduling.quota import Teams
+    from tideflow.stack.team_story import BROKER_ENV
+    from tideflow.stack.team_story import LAB_CLUSTER as STORY_LAB
+
+    assert STORY_LAB == LAB_CLUSTER
+    assert BROKER_ENV["TIDEFLOW_CLUSTER_FILE"] == str(LAB_CLUSTER)
+    inventory = load_cluster(LAB_CLUSTER)
+    teams = Teams.of(inventory)
+    assert teams is not None and teams.governs(INFERENCE_TEAM) and teams.governs("vision")
+    inference = teams.nominal(INFERENCE_TEAM, ("gpu", None))
+    vision = teams.nominal("vision", ("gpu", None))
+    gpus = sum(n.devices for n in inventory.nodes if n.device_class == "gpu")
+    assert inference > 0 and vision > 0 and inference + vision <= gpus
+    assert (INFERENCE_TEAM, "vision") in teams.rules
