@@ -10,7 +10,7 @@ do all day), of a grant (a lease released, a gang of higher priority placed on
 its node), of ``release`` and of ``renew``; with four teams declared (250 GPUs
 each, two lending to the other two) and without teams (one pool), so that the
 ratio is the cost of quotas. The ledger file is on disk (``--dir``), as deployed.
-``--profile`` prints where the teams' poll spends its time.
+``--profile`` prints where the teams' poll and grant spend their time.
 
 ``triggerer``: N ``LeaseTrigger``s (Airflow's, ``operators/triggers.py``) run
 in one event loop as one triggerer process runs them, each polling the full
@@ -148,6 +148,7 @@ def decisions(args: argparse.Namespace) -> None:
                 polls.append(time.perf_counter() - t0)
                 assert not isinstance(answer, Lease)
             grants, releases, renews = [], [], []
+            granting = cProfile.Profile() if args.profile and teams else None
             for i in range(args.grants):
                 lease = held[i]
                 t0 = time.perf_counter()
@@ -158,7 +159,11 @@ def decisions(args: argparse.Namespace) -> None:
                 releases.append(time.perf_counter() - t0)
                 urgent = _request(f"grant-{i}", lease.team, 1, 500, teams)
                 t0 = time.perf_counter()
+                if granting is not None:
+                    granting.enable()
                 answer = book.try_acquire(urgent, "bench", TTL_S)
+                if granting is not None:
+                    granting.disable()
                 grants.append(time.perf_counter() - t0)
                 assert isinstance(answer, Lease), answer
         key = "teams" if teams else "one_pool"
@@ -172,10 +177,11 @@ def decisions(args: argparse.Namespace) -> None:
             "renew": _percentiles(renews),
         }
         print(json.dumps({"bench": "ledger_decisions", "mode": key, **results[key]}))
-        if profiler is not None:
-            out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(18)
-            print(out.getvalue())
+        for what, profiled in (("poll", profiler), ("grant", granting)):
+            if profiled is not None:
+                out = io.StringIO()
+                pstats.Stats(profiled, stream=out).sort_stats("cumulative").print_stats(18)
+                print(f"-- where a teams {what} spends its time\n{out.getvalue()}")
     print()
     print(f"{'':10} {'one pool':>22} {'teams':>22} {'teams/one pool':>15}")
     for what in ("poll", "grant", "release", "renew"):

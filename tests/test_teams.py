@@ -223,6 +223,22 @@ def test_the_lender_reclaims_its_quota_and_the_borrower_cannot_take_it_back(
     assert spans["risk/b"].ended_by == "preempted" and spans["risk/b"].borrowed == 20
 
 
+def test_a_gang_that_asks_again_is_seen_as_it_asks_now(bank: tuple[LeaseLedger, Clock]) -> None:
+    # The ledger parses a stored request or lease once, keyed by its stored text: a
+    # gang's new request under the same id, and a renewed lease, are new texts.
+    ledger, clock = bank
+    lease = acquire(ledger, gang("risk/own", "risk", 40))
+    acquire(ledger, gang("marketing/own", "marketing", 30))
+    acquire(ledger, gang("research/own", "research", 30))
+    refused(ledger, gang("risk/w", "risk", 20))
+    refused(ledger, gang("risk/w", "risk", 10, minimum=5))
+    assert [(r.devices, r.min_workers) for r, _ in ledger.waiting()] == [(10, 5)]
+    clock.now += 60
+    renewed = ledger.renew(lease.lease_id, 1e6)
+    assert renewed.expires_at == clock.now + 1e6 > lease.expires_at
+    assert ledger.lease_for("risk/own") == renewed
+
+
 def test_a_gang_within_its_own_quota_is_never_stopped_for_another_team(
     bank: tuple[LeaseLedger, Clock],
 ) -> None:
@@ -269,6 +285,25 @@ def test_an_urgent_gang_preempts_the_cheapest_lower_priority_gangs(
     # the preempted long run asks again and waits behind the urgent gang
     why = refused(ledger, gang("research/long", "research", 20, priority=0, klass="batch"))
     assert "research/urgent2" in why.reason or "quota" in why.reason, why
+
+
+def test_a_gang_already_asked_to_stop_is_not_chosen_again(
+    bank: tuple[LeaseLedger, Clock],
+) -> None:
+    ledger, clock = bank
+    for name in ("research/a", "research/b", "research/c"):  # c: least work at risk
+        acquire(ledger, gang(name, "research", 10, priority=0, klass="batch"))
+        clock.now += 600
+    acquire(ledger, gang("risk/all", "risk", 40))
+    acquire(ledger, gang("marketing/all", "marketing", 30))
+    why = refused(ledger, gang("research/u1", "research", 10, 1000, "urgent")).reason
+    assert why.startswith("stopping research/c"), why
+    why = refused(ledger, gang("research/u2", "research", 10, 1000, "urgent")).reason
+    assert why.startswith("stopping research/b"), why
+    assert {(e.gang_id, e.by_gang) for e in ledger.evictions()} == {
+        ("research/c", "research/u1"),
+        ("research/b", "research/u2"),
+    }
 
 
 def test_a_class_without_preempts_never_stops_anyone(bank: tuple[LeaseLedger, Clock]) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import tideflow.scheduling.ledger as ledger_module
 from tideflow.inventory import ClusterSpec, Inventory
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 from tideflow.scheduling.replay import (
@@ -118,6 +119,45 @@ def test_forced_stop_loses_only_work_since_its_checkpoint() -> None:
     victim = result.outcome("risk-a")
     assert result.outcome("risk-b").first_start == pytest.approx(5 * HOUR + 300)
     assert victim.forced == 1 and victim.lost_s == pytest.approx(HOUR + 300)
+
+
+def _decisions(spec: ClusterSpec, jobs: list[Job], window_s: float) -> list[tuple[object, ...]]:
+    run = Replay(spec, jobs, policy="tideflow")
+    result = run.run(window_s)
+    journal = [(e.at, e.gang_id, e.action, e.reason) for e in run.ledger.journal(0.0, 10**9)]
+    starts = sorted(
+        (g, o.first_start, o.finished, o.runs, o.preemptions, o.forced, o.lost_s)
+        for g, o in result.outcomes.items()
+    )
+    return [*journal, *starts]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["month-end, reserve_after declared", "urgent model, periodic checkpoints only"],
+)
+def test_the_parse_cache_changes_no_decision(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The ledger parses each stored request and lease row once (a cache keyed by the
+    # stored text); the same seeded stream must be decided the same way without it.
+    if case.startswith("month-end"):
+        spec, jobs, window = bank_spec(), month_end_stream(2, days=4, burst_days=2), 4 * DAY
+    else:
+        spec = bank_spec(reserve_after=None)
+        jobs = urgent_stream(1, days=2, urgent_at_s=DAY, long_save_s=None)
+        window = 6 * DAY
+    hits = ledger_module._cached_request.cache_info().hits
+    cached = _decisions(spec, jobs, window)
+    assert ledger_module._cached_request.cache_info().hits > hits  # it was used
+    monkeypatch.setattr(ledger_module, "PARSE_CACHE", False)
+    info = (ledger_module._cached_request.cache_info(), ledger_module._cached_held.cache_info())
+    parsed = _decisions(spec, jobs, window)
+    assert (
+        ledger_module._cached_request.cache_info(),
+        ledger_module._cached_held.cache_info(),
+    ) == info
+    if case.startswith("urgent"):  # the victims' order reads their work at risk
+        assert any(row[2] == "evict" for row in cached if len(row) == 4)
+    assert cached == parsed
 
 
 # -- the ledger's policy, as the replay found it ----------------------------------------

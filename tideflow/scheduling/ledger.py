@@ -31,6 +31,7 @@ clock so tests can replay time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
 import sqlite3
@@ -49,6 +50,7 @@ from tideflow.scheduling.quota import (
     Held,
     Teams,
     admit,
+    candidates,
     queue_order,
     shrink_to,
     victims,
@@ -141,6 +143,88 @@ _LEASE_COLUMNS = (
 )
 
 
+# A waiting gang's poll reads every waiting request and every lease, and nearly all of
+# them are the rows the last poll read: each stored text is parsed once. The key is the
+# whole stored text (a lease's whole row), so a hit is the parse of exactly that text and
+# nothing can be stale; the objects are frozen, so sharing them is safe. Bounded (least
+# recently used out); PARSE_CACHE = False parses every time (the tests compare the two).
+PARSE_CACHE = True
+_PARSED = 8192  # entries per cache: above any realistic count of waiting gangs or leases
+
+
+@functools.lru_cache(maxsize=_PARSED)
+def _cached_request(text: str) -> GangRequest:
+    return GangRequest.from_json(text)
+
+
+def _request(text: object) -> GangRequest:
+    """A stored request (the ``waiting`` table's JSON), parsed."""
+    return _cached_request(str(text)) if PARSE_CACHE else GangRequest.from_json(str(text))
+
+
+def _parse_lease(row: tuple[object, ...]) -> Lease:
+    """A ``leases`` row (``_LEASE_COLUMNS``), as a lease."""
+    (
+        lease_id,
+        gang_id,
+        holder,
+        team,
+        device_class,
+        model,
+        placements,
+        priority,
+        preemptible,
+        acquired_at,
+        expires_at,
+        min_workers,
+        borrowed,
+        lender,
+        priority_class,
+    ) = row
+    return Lease(
+        str(lease_id),
+        str(gang_id),
+        str(holder),
+        str(team),
+        str(device_class),
+        None if model is None else str(model),
+        Lease.placements_from_json(str(placements)),
+        int(str(priority)),
+        bool(preemptible),
+        float(str(acquired_at)),
+        float(str(expires_at)),
+        None if min_workers is None else int(str(min_workers)),
+        int(str(borrowed or 0)),
+        None if lender is None else str(lender),
+        None if priority_class is None else str(priority_class),
+    )
+
+
+def _parse_held(row: tuple[object, ...], evicting: bool) -> tuple[Lease, Held]:
+    """A ``leases`` row as the quota policy sees it; its work at risk is left 0 (only
+    eviction orders by it: ``LeaseLedger._at_risk`` fills it in then)."""
+    lease = _parse_lease(row)
+    held = Held(
+        lease.gang_id,
+        lease.team,
+        lease.device_class,
+        lease.model,
+        lease.devices,
+        lease.priority,
+        lease.preemptible,
+        lease.acquired_at,
+        lease.borrowed,
+        lease.lender,
+        0.0,
+        evicting,
+    )
+    return lease, held
+
+
+_cached_lease = functools.lru_cache(maxsize=_PARSED)(_parse_lease)
+_cached_held = functools.lru_cache(maxsize=_PARSED)(_parse_held)
+
+
 def _shape(reason: object) -> str:
     return re.sub(r"\d+", "#", str(reason))
 
@@ -156,8 +240,10 @@ def _add_columns(db: sqlite3.Connection) -> None:
 class _View(NamedTuple):
     """The leases and waiting requests the quota policy decides on, read once."""
 
-    held: tuple[Held, ...]
-    waiting: tuple[GangRequest, ...]
+    held: tuple[Held, ...]  # their work at risk 0 (what admission and queueing read)
+    leases: tuple[Lease, ...]  # the same leases, in the same order
+    waiting: tuple[GangRequest, ...]  # the waiting table, in its order
+    enqueued_at: tuple[float, ...]  # when each of ``waiting`` was queued
 
 
 @dataclass(frozen=True)
@@ -307,58 +393,27 @@ class LeaseLedger:
     def _expire(self, db: sqlite3.Connection, now: float) -> None:
         # A lease nobody renewed counts as held until it expired: that is when
         # its devices became free for others.
-        for row in db.execute(
+        expired = db.execute(
             f"SELECT {_LEASE_COLUMNS} FROM leases WHERE expires_at <= ?", (now,)
-        ).fetchall():
+        ).fetchall()
+        for row in expired:
             lease = self._lease(row)
             self._record_usage(db, lease, lease.expires_at, "expired")
-        db.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
+        if expired:
+            db.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
         db.execute("DELETE FROM waiting WHERE last_seen < ?", (now - self.waiter_timeout_s,))
         db.execute("DELETE FROM evictions WHERE gang_id NOT IN (SELECT gang_id FROM leases)")
 
     @staticmethod
     def _lease(row: tuple[object, ...]) -> Lease:
-        (
-            lease_id,
-            gang_id,
-            holder,
-            team,
-            device_class,
-            model,
-            placements,
-            priority,
-            preemptible,
-            acquired_at,
-            expires_at,
-            min_workers,
-            borrowed,
-            lender,
-            priority_class,
-        ) = row
-        return Lease(
-            str(lease_id),
-            str(gang_id),
-            str(holder),
-            str(team),
-            str(device_class),
-            None if model is None else str(model),
-            Lease.placements_from_json(str(placements)),
-            int(str(priority)),
-            bool(preemptible),
-            float(str(acquired_at)),
-            float(str(expires_at)),
-            None if min_workers is None else int(str(min_workers)),
-            int(str(borrowed or 0)),
-            None if lender is None else str(lender),
-            None if priority_class is None else str(priority_class),
-        )
+        return _cached_lease(row) if PARSE_CACHE else _parse_lease(row)
 
     def _used(self, db: sqlite3.Connection, device_class: str) -> dict[str, set[int]]:
         used: dict[str, set[int]] = {}
         for node, device in db.execute(
             "SELECT node, device FROM claims WHERE device_class = ?", (device_class,)
         ):
-            used.setdefault(str(node), set()).add(int(device))
+            used.setdefault(node, set()).add(device)  # TEXT and INTEGER columns
         return used
 
     # -- the API -------------------------------------------------------------------
@@ -378,12 +433,12 @@ class LeaseLedger:
                 held = self._lease(row)
                 return replace(held, expires_at=max(held.expires_at, now + ttl_s))
             # What the quota policy decides on: read once per transaction.
-            view = _View((), ())
+            view = _View((), (), (), ())
             if self.teams is None:
                 grant: Grant | None = None
                 wanted = request
             else:
-                view = _View(tuple(self._held(db, now)), tuple(self._waiting_requests(db)))
+                view = self._view(db)
                 quota = admit(self.teams, request, view.held, view.waiting)
                 if not isinstance(quota, Grant):
                     if quota.never:
@@ -405,7 +460,7 @@ class LeaseLedger:
                     db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
                     return placed
                 if self.teams is not None:
-                    evicting = self._make_room(db, request, view, now)
+                    evicting = self._make_room(db, request, view, now, used)
                     if evicting:
                         return self._refuse(db, request, now, evicting)
                 self._wait(db, request, now, placed.reason)
@@ -526,32 +581,31 @@ class LeaseLedger:
             (now, gang_id, team, action, reason),
         )
 
-    def _held(self, db: sqlite3.Connection, now: float) -> list[Held]:
-        """Every lease as the quota policy sees it, with its work at risk."""
+    def _view(self, db: sqlite3.Connection) -> _View:
+        """Every lease and waiting request, as the quota policy sees them."""
         evicting = {str(g) for (g,) in db.execute("SELECT gang_id FROM evictions")}
-        rows = db.execute(f"SELECT {_LEASE_COLUMNS} FROM leases").fetchall()
-        held = []
-        for lease in map(self._lease, rows):
-            held.append(
-                Held(
-                    lease.gang_id,
-                    lease.team,
-                    lease.device_class,
-                    lease.model,
-                    lease.devices,
-                    lease.priority,
-                    lease.preemptible,
-                    lease.acquired_at,
-                    lease.borrowed,
-                    lease.lender,
-                    self.work_at_risk(lease, now),
-                    lease.gang_id in evicting,
-                )
-            )
-        return held
+        held = _cached_held if PARSE_CACHE else _parse_held
+        pairs = [
+            held(row, str(row[1]) in evicting)
+            for row in db.execute(f"SELECT {_LEASE_COLUMNS} FROM leases").fetchall()
+        ]
+        # in the table's order (a scan, as _waiter_ahead's query read it): queue_order's
+        # sort is stable, so the order of equal waiters is this one
+        rows = db.execute("SELECT request, enqueued_at FROM waiting ORDER BY rowid").fetchall()
+        parse = _cached_request if PARSE_CACHE else GangRequest.from_json
+        return _View(
+            tuple(h for _, h in pairs),
+            tuple(lease for lease, _ in pairs),
+            tuple(parse(r) for r, _ in rows),
+            tuple(float(t) for _, t in rows),
+        )
 
-    def _waiting_requests(self, db: sqlite3.Connection) -> list[GangRequest]:
-        return [GangRequest.from_json(str(r)) for (r,) in db.execute("SELECT request FROM waiting")]
+    def _at_risk(self, view: _View, now: float) -> tuple[Held, ...]:
+        """The view's leases with their work at risk (what eviction orders by)."""
+        return tuple(
+            replace(held, work_at_risk_s=self.work_at_risk(lease, now))
+            for held, lease in zip(view.held, view.leases, strict=True)
+        )
 
     def _reserved_for(
         self, db: sqlite3.Connection, request: GangRequest, grant: Grant, view: _View, now: float
@@ -577,7 +631,7 @@ class LeaseLedger:
             "ORDER BY priority DESC, enqueued_at",
             (request.gang_id, now - limit, request.priority, request.priority, queued_at),
         ):
-            other = GangRequest.from_json(str(text))
+            other = _request(text)
             if other.device_class != request.device_class:
                 continue
             if other.team != request.team and grant.borrowed == 0:
@@ -592,7 +646,12 @@ class LeaseLedger:
         return None
 
     def _make_room(
-        self, db: sqlite3.Connection, request: GangRequest, view: _View, now: float
+        self,
+        db: sqlite3.Connection,
+        request: GangRequest,
+        view: _View,
+        now: float,
+        used: dict[str, set[int]] | None = None,
     ) -> str | None:
         """Ask the gangs in the way to stop (checkpoint first); say whom it waits for."""
         assert self.teams is not None
@@ -605,8 +664,11 @@ class LeaseLedger:
             )
             return f"waiting for {names} to checkpoint and stop"
         teams = self.teams
-        held, waiting = view
-        used = self._used(db, request.device_class)
+        if not candidates(teams, request, view.held, now=now):
+            return None  # nobody it may stop: no need to work out whether that would help
+        held, waiting = self._at_risk(view, now), view.waiting
+        if used is None:
+            used = self._used(db, request.device_class)
         claims: dict[str, list[tuple[str, int]]] = {}
         for gang_id, node, device in db.execute(
             "SELECT l.gang_id, c.node, c.device FROM claims c JOIN leases l USING (lease_id) "
@@ -615,12 +677,14 @@ class LeaseLedger:
         ):
             claims.setdefault(str(gang_id), []).append((str(node), int(device)))
 
+        in_use = used
+
         def fits_without(gangs: frozenset[str]) -> bool:
             rest = [h for h in held if h.gang_id not in gangs]
             quota = admit(teams, request, rest, waiting)
             if not isinstance(quota, Grant):
                 return False
-            free = {node: set(devices) for node, devices in used.items()}
+            free = {node: set(devices) for node, devices in in_use.items()}
             for gang in gangs:
                 for node, device in claims.get(gang, ()):
                     free[node].discard(device)
@@ -654,19 +718,30 @@ class LeaseLedger:
         view: _View,
         now: float,
     ) -> str | None:
-        mine = db.execute(
-            "SELECT enqueued_at FROM waiting WHERE gang_id = ?", (request.gang_id,)
-        ).fetchone()
-        queued_at = float(mine[0]) if mine else now
-        rows = db.execute(
-            "SELECT request, enqueued_at FROM waiting WHERE gang_id != ? AND priority >= ?",
-            (request.gang_id, request.priority),
-        ).fetchall()
-        if not rows:
+        queued_at = now
+        waiting: list[tuple[GangRequest, float]] = []
+        if self.teams is not None:  # the waiting table as try_acquire read it
+            for other, at in zip(view.waiting, view.enqueued_at, strict=True):
+                if other.gang_id == request.gang_id:
+                    queued_at = at
+                elif other.priority >= request.priority:
+                    waiting.append((other, at))
+        else:
+            mine = db.execute(
+                "SELECT enqueued_at FROM waiting WHERE gang_id = ?", (request.gang_id,)
+            ).fetchone()
+            queued_at = float(mine[0]) if mine else now
+            waiting = [
+                (_request(r), float(t))
+                for r, t in db.execute(
+                    "SELECT request, enqueued_at FROM waiting WHERE gang_id != ? AND priority >= ?",
+                    (request.gang_id, request.priority),
+                )
+            ]
+        if not waiting:
             return None
         # as try_acquire does: a lender's own waiting gangs are demand it does not lend
-        held, demand = view
-        waiting = [(GangRequest.from_json(str(r)), float(t)) for r, t in rows]
+        held, demand = view.held, view.waiting
         # the asking gang first: on a tie it keeps its place (the sort is stable)
         order = queue_order(self.teams, [(request, queued_at), *waiting], held)
         for other, _ in order:
@@ -910,7 +985,7 @@ class LeaseLedger:
             rows = db.execute(
                 "SELECT request, enqueued_at FROM waiting ORDER BY priority DESC, enqueued_at"
             ).fetchall()
-            return [(GangRequest.from_json(str(r)), float(t)) for r, t in rows]
+            return [(_request(r), float(t)) for r, t in rows]
 
     def used_devices(self, device_class: str | None = None) -> dict[str, set[int]]:
         with self._transaction() as db:

@@ -33,7 +33,7 @@ turn out not to be needed are dropped again.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
@@ -186,11 +186,16 @@ def _usage(teams: Teams, held: Sequence[Held], key: Key) -> tuple[dict[str, int]
     return used, lent
 
 
-def _demand(teams: Teams, waiting: Sequence[GangRequest], key: Key, exclude: str) -> dict[str, int]:
-    """Devices each team's waiting gangs ask for on ``key`` (a lender's own demand)."""
+def _demand(
+    teams: Teams, waiting: Sequence[GangRequest], key: Key, exclude: str, of: Collection[str]
+) -> dict[str, int]:
+    """Devices the waiting gangs of the teams ``of`` ask for on ``key`` (a lender's own
+    demand)."""
     demand: dict[str, int] = {}
+    if not of:
+        return demand
     for request in waiting:
-        if request.gang_id == exclude:
+        if request.team not in of or request.gang_id == exclude:
             continue
         if teams.key(request.team, request.device_class, request.model) == key:
             demand[request.team] = demand.get(request.team, 0) + _least(request)
@@ -244,7 +249,6 @@ def admit(
     quota = teams.quota(request.team, key)
     nominal = 0 if quota is None else quota.nominal
     used, lent = _usage(teams, held, key)
-    demand = _demand(teams, waiting, key, request.gang_id)
     lent_to: dict[tuple[str, str], int] = {}
     borrowed_now = 0
     for lease in held:
@@ -271,6 +275,8 @@ def admit(
         SHARED_POOL,
         *sorted(lender for (lender, borrower) in teams.rules if borrower == request.team),
     ]
+    # the lenders' own waiting gangs (the only demand ``lendable`` reads)
+    demand = _demand(teams, waiting, key, request.gang_id, of=frozenset(lenders[1:]))
     for lender in lenders:
         rule = teams.rules.get((lender, request.team))
         if rule is not None and rule.min_priority_class is not None:
@@ -344,26 +350,18 @@ def within_quota(teams: Teams, request: GangRequest, held: Sequence[Held]) -> bo
     return used.get(request.team, 0) + _least(request) <= teams.nominal(request.team, key)
 
 
-def victims(
-    teams: Teams,
-    request: GangRequest,
-    held: Sequence[Held],
-    *,
-    now: float,
-    fits_without: Callable[[frozenset[str]], bool],
-) -> tuple[Eviction, ...]:
-    """The cheapest set of gangs whose stop lets ``request`` start, or () if none.
-
-    ``fits_without(gang_ids)`` answers whether the request would be admitted
-    (its quota, then placement, so fragmentation counts) were those gangs gone.
-    """
+def candidates(
+    teams: Teams, request: GangRequest, held: Sequence[Held], *, now: float
+) -> list[tuple[Held, str]]:
+    """The gangs ``request`` may stop, each with why, cheapest first ([] when it may
+    stop none: the caller need not work out whether stopping them would help)."""
     if not teams.governs(request.team):
-        return ()
+        return []
     key = teams.key(request.team, request.device_class, request.model)
     preempts = teams.preempts(request)
     # Reclaiming is for a lender that wants its own quota back, not one that borrows too.
     reclaims = within_quota(teams, request, held)
-    candidates: list[tuple[Held, str]] = []
+    found: list[tuple[Held, str]] = []
     for lease in held:
         if lease.evicting or not lease.preemptible or lease.gang_id == request.gang_id:
             continue
@@ -394,12 +392,28 @@ def victims(
                     f"borrows, and runs at priority {lease.priority}"
                 )
         if why is not None and teams.key(lease.team, lease.device_class, lease.model) == key:
-            candidates.append((lease, why))
+            found.append((lease, why))
         elif why is not None and key[1] is None:
-            candidates.append((lease, why))  # a class-wide request may use any model
-    candidates.sort(key=lambda c: (c[0].priority, c[0].work_at_risk_s, c[0].devices))
+            found.append((lease, why))  # a class-wide request may use any model
+    found.sort(key=lambda c: (c[0].priority, c[0].work_at_risk_s, c[0].devices))
+    return found
+
+
+def victims(
+    teams: Teams,
+    request: GangRequest,
+    held: Sequence[Held],
+    *,
+    now: float,
+    fits_without: Callable[[frozenset[str]], bool],
+) -> tuple[Eviction, ...]:
+    """The cheapest set of gangs whose stop lets ``request`` start, or () if none.
+
+    ``fits_without(gang_ids)`` answers whether the request would be admitted
+    (its quota, then placement, so fragmentation counts) were those gangs gone.
+    """
     chosen: list[tuple[Held, str]] = []
-    for candidate in candidates:
+    for candidate in candidates(teams, request, held, now=now):
         chosen.append(candidate)
         if fits_without(frozenset(h.gang_id for h, _ in chosen)):
             break
