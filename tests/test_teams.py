@@ -223,6 +223,34 @@ def test_the_lender_reclaims_its_quota_and_the_borrower_cannot_take_it_back(
     assert spans["risk/b"].ended_by == "preempted" and spans["risk/b"].borrowed == 20
 
 
+def test_the_journal_is_filtered_by_action_in_the_ledger(
+    bank: tuple[LeaseLedger, Clock],
+) -> None:
+    ledger, clock = bank
+    acquire(ledger, gang("risk/own", "risk", 40))
+    borrowed = acquire(ledger, gang("risk/b", "risk", 20))
+    acquire(ledger, gang("research/own", "research", 30))
+    acquire(ledger, gang("marketing/a", "marketing", 10))
+    refused(ledger, gang("marketing/b", "marketing", 20))  # risk/b is asked to stop
+    clock.now += 30
+    ledger.release(borrowed.lease_id)
+    acquire(ledger, gang("marketing/b", "marketing", 20))
+    for i in range(5):  # newer decisions of other kinds
+        clock.now += 1
+        refused(ledger, gang(f"research/w{i}", "research", 10))
+    stops = ("evict", "preempted", "forced")
+    everything = ledger.journal(limit=1000)
+    assert {"admit", "wait", "evict", "preempted"} <= {e.action for e in everything}
+    picked = ledger.journal(limit=1000, actions=stops)
+    assert [(e.gang_id, e.action) for e in picked] == [("risk/b", "evict"), ("risk/b", "preempted")]
+    assert picked == [e for e in everything if e.action in stops]
+    # the limit counts the chosen actions only (the newest 2 rows are waits)
+    assert all(e.action == "wait" for e in ledger.journal(limit=2))
+    assert ledger.journal(limit=1, actions=stops) == picked[-1:]
+    assert ledger.journal(picked[-1].at, actions={"evict"}) == []
+    assert ledger.journal(actions=()) == []
+
+
 def test_a_gang_that_asks_again_is_seen_as_it_asks_now(bank: tuple[LeaseLedger, Clock]) -> None:
     # The ledger parses a stored request or lease once, keyed by its stored text: a
     # gang's new request under the same id, and a renewed lease, are new texts.

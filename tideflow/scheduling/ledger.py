@@ -37,7 +37,7 @@ import re
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -119,6 +119,7 @@ CREATE TABLE IF NOT EXISTS journal (
     action TEXT NOT NULL,
     reason TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS journal_by_action ON journal (action, at);
 """
 
 
@@ -263,7 +264,7 @@ class JournalEntry:
     at: float
     gang_id: str
     team: str
-    action: str  # admit, wait, evict, preempted, forced
+    action: str  # admit, wait, refuse, evict, preempted, forced
     reason: str
 
 
@@ -843,13 +844,24 @@ class LeaseLedger:
         with self._transaction() as db:
             db.execute("UPDATE evictions SET signalled = 1 WHERE gang_id = ?", (gang_id,))
 
-    def journal(self, since: float = 0.0, limit: int = 200) -> list[JournalEntry]:
-        """The teams' scheduling decisions, newest last."""
+    def journal(
+        self, since: float = 0.0, limit: int = 200, *, actions: Collection[str] | None = None
+    ) -> list[JournalEntry]:
+        """The teams' scheduling decisions, newest last: the last ``limit`` since
+        ``since``, of the ``actions`` named (all when None)."""
+        where = "at >= ?"
+        params: list[object] = [since]
+        if actions is not None:
+            chosen = sorted(set(actions))
+            if not chosen:
+                return []
+            where += f" AND action IN ({', '.join('?' * len(chosen))})"
+            params += chosen
         with self._transaction() as db:
             rows = db.execute(
-                "SELECT at, gang_id, team, action, reason FROM journal WHERE at >= ? "
-                "ORDER BY seq DESC LIMIT ?",
-                (since, limit),
+                "SELECT at, gang_id, team, action, reason FROM journal "
+                f"WHERE {where} ORDER BY seq DESC LIMIT ?",
+                (*params, limit),
             ).fetchall()
         return [
             JournalEntry(float(a), str(g), str(t), str(x), str(r))

@@ -265,7 +265,7 @@ def gang_queue(
 
 
 PREEMPTION_ACTIONS = ("evict", "preempted", "forced")
-JOURNAL_SCAN = 5000  # journal rows read (every decision); the page keeps the preemptions
+JOURNAL_SCAN = 5000  # preemption rows read (the viewer may see only some of them)
 JOURNAL_SHOWN = 50
 
 
@@ -279,10 +279,11 @@ def preemption_journal(
 
     from tideflow.gangs import open_ledger
 
+    ledger = open_ledger(ledger_path, cluster_file)
     entries = [
         e
-        for e in open_ledger(ledger_path, cluster_file).journal(since, JOURNAL_SCAN)
-        if e.action in PREEMPTION_ACTIONS and may_see_lease(viewer, e.gang_id)
+        for e in ledger.journal(since, JOURNAL_SCAN, actions=PREEMPTION_ACTIONS)
+        if may_see_lease(viewer, e.gang_id)
     ]
     return [
         JournalRow(
