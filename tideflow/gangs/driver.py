@@ -2,14 +2,17 @@
 
     python -m tideflow.gangs.driver gang_training --pipeline P --team T --step S
         --run-id R --config JSON [--set ...] [--param ...] --kube-settings JSON
-        [--owner-name WORKFLOW --owner-uid UID] --outputs DIR
+        [--team-classes JSON] [--owner-name WORKFLOW --owner-uid UID] --outputs DIR
 
 The arguments are the standalone executor's (``tideflow.steps.standalone``): the
 rendered step comes as ``--config`` plus one ``--set`` per value the workflow
 fills in, so a gang's size may be a workflow parameter. The step is resolved
 as the operator resolves it (``tideflow.gangs.resolve_gang``) and submitted
 through the same backend (``tideflow.backends.kubernetes``), so on Argo as on
-Airflow the gang's object is named from its id and exists at most once:
+Airflow the gang's object is named from its id and exists at most once, and
+carries the same priority class: the run's (``priority_class`` in the step),
+else its team's default, from the cluster file the workflow was compiled with
+(``--team-classes``; ``tideflow.gangs.with_team_priority``, as the operator):
 
 * a retried step (a new driver pod) finds the gang its earlier attempt made and
   follows it if it still runs, or replaces it if it failed;
@@ -23,7 +26,8 @@ Airflow the gang's object is named from its id and exists at most once:
 Outputs (files under DIR, Argo's output parameters): ``checkpoint_store``, and
 ``checkpoint`` / ``checkpoint_step`` of the newest committed checkpoint. Exit
 codes: 0 the gang succeeded, 1 it failed (or committed no checkpoint its step
-requires, ``tideflow.gangs.outputs``), 2 bad arguments, 143 stopped.
+requires, ``tideflow.gangs.outputs``), 2 bad arguments (a priority class the
+team may not use among them), 143 stopped.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
+from tideflow.gangs.local import with_team_priority
+from tideflow.gangs.resolved import ResolvedGang
+from tideflow.kube.argo.team_classes import team_classes_inventory
 from tideflow.steps.standalone import GANG_OUTPUTS
 
 POLL_S = 5.0
@@ -44,6 +51,26 @@ EXIT_STOPPED = 143
 
 class StoppedError(Exception):
     """The step was told to stop (SIGTERM); the gang has been deleted."""
+
+
+class RefusedClassError(Exception):
+    """The run names a priority class its team may not use, or one not declared."""
+
+
+def classed(gang: ResolvedGang, team_classes: str | None) -> ResolvedGang:
+    """The gang with the cluster file's class, as the operator gives it: the run's, else
+    its team's default; as resolved where the workflow was compiled without classes.
+
+    ``ValueError`` when ``team_classes`` is no cluster document; ``RefusedClassError``
+    names the classes the team may use.
+    """
+    if team_classes is None:
+        return gang
+    inventory = team_classes_inventory(team_classes)
+    try:
+        return with_team_priority(gang, inventory)
+    except ValueError as exc:
+        raise RefusedClassError(str(exc)) from None
 
 
 def drive(
@@ -99,20 +126,26 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
 
     parser = build_parser(("gang_training",), "python -m tideflow.gangs.driver")
     parser.add_argument("--kube-settings", required=True, help="KubeSettings as JSON")
+    parser.add_argument("--team-classes", help="the cluster file's classes and the team, as JSON")
     parser.add_argument("--owner-name", help="the Workflow that owns the gang")
     parser.add_argument("--owner-uid", help="its uid")
     args = parser.parse_args(argv)
     try:
         config, params = read_step(args)
         settings = settings_from_json(args.kube_settings)
-        gang = resolve_gang(
-            pipeline=args.pipeline,
-            team=args.team,
-            run_id=args.run_id,
-            step=args.step,
-            config=config,
-            artifact_root=settings.artifact_root,
-            allowed_roots=team_roots(settings.artifact_root, settings.checkpoint_roots, args.team),
+        gang = classed(
+            resolve_gang(
+                pipeline=args.pipeline,
+                team=args.team,
+                run_id=args.run_id,
+                step=args.step,
+                config=config,
+                artifact_root=settings.artifact_root,
+                allowed_roots=team_roots(
+                    settings.artifact_root, settings.checkpoint_roots, args.team
+                ),
+            ),
+            args.team_classes,
         )
         job = gang.cluster_job(
             {
@@ -135,6 +168,9 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
                 params=params,
             ),
         )
+    except RefusedClassError as exc:
+        print(f"tideflow: step '{args.step}': {exc}", file=sys.stderr)
+        return 2
     except (*BAD_ARGUMENTS, StoreRootError) as exc:
         print(f"tideflow: step '{args.step}': bad arguments: {exc}", file=sys.stderr)
         return 2

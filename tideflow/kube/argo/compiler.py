@@ -75,7 +75,7 @@ def compile_workflow(
         },
         annotations=annotations,
         entrypoint=entrypoint,
-        params=workflow_params(spec),
+        params=workflow_params(spec, plan),
         steps=tuple(step for step in steps if step is not None),
         on_exit=pipeline_end_step(ctx, exit_handler),
         schedule=schedule,

@@ -14,6 +14,12 @@ named from its id, capped per target, and exists at most once:
   if it still runs and replaces it if it failed, never starting a second;
 * a preempted gang is submitted again with the restarts it has left.
 
+The gang carries the class the Airflow operator would give it: the run's, when
+the pipeline names one (the workflow then has a ``priority_class`` parameter,
+as the DAG has a param, and the driver gets it as ``--set priority_class``),
+else its team's default, both checked against the cluster file the workflow was
+compiled with (``--team-classes``, ``tideflow.kube.argo.team_classes``).
+
 The driver is the one step container with an API token: its template runs as
 ``argo_gang_driver_service_account`` (deploy/kubernetes/argo-rbac.yaml). Its
 outputs (``GANG_OUTPUTS``) tell the steps after it where the checkpoints are.
@@ -24,11 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tideflow.compile.dag_plan import TaskPlan
+from tideflow.compile.dag_plan import PRIORITY_PARAM, TaskPlan
 from tideflow.compile.templates import exact_param
 from tideflow.kube.argo.container import container_step, executor_args
 from tideflow.kube.argo.context import CompileContext
 from tideflow.kube.argo.plan import WORKFLOW_NAME, WORKFLOW_UID, StepTemplate
+from tideflow.kube.argo.team_classes import team_classes_json
 from tideflow.kube.settings import settings_to_json
 from tideflow.spec.yamlpos import Path
 from tideflow.steps.standalone import GANG_OUTPUTS
@@ -87,6 +94,9 @@ def gang_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemplate |
         "--owner-uid",
         WORKFLOW_UID,
     ]
+    team_classes = team_classes_json(ctx.inventory, ctx.plan.team)
+    if team_classes is not None:
+        extra += ["--team-classes", team_classes]
     # The gang's workers run in the step's image with the pipeline's code from it; the
     # driver itself is tideflow's and runs in the platform's image.
     doc = dict(config)
@@ -94,6 +104,8 @@ def gang_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemplate |
         doc["image"] = task.image
     if ctx.plan.code_image_path:
         doc["code"] = {"image_path": ctx.plan.code_image_path}
+    if ctx.plan.priority_class:  # the run's class: the workflow parameter, as the DAG's param
+        doc["priority_class"] = f"{{{{ params.{PRIORITY_PARAM} }}}}"
     args = executor_args(ctx, task, doc, base, inputs, extra=extra)
     return container_step(
         ctx,

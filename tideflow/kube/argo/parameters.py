@@ -6,6 +6,7 @@ import json
 import re
 from typing import Any
 
+from tideflow.compile.dag_plan import PRIORITY_PARAM, DagPlan
 from tideflow.kube.argo.plan import WorkflowParam
 from tideflow.spec.models import ParamSpec, PipelineSpec
 
@@ -28,9 +29,10 @@ def value_type(spec: ParamSpec) -> str:
     return VALUE_TYPES[spec.type]
 
 
-def workflow_params(spec: PipelineSpec) -> tuple[WorkflowParam, ...]:
-    """The pipeline's params as the WorkflowTemplate's parameters, defaults and choices as text."""
-    return tuple(
+def workflow_params(spec: PipelineSpec, plan: DagPlan) -> tuple[WorkflowParam, ...]:
+    """The pipeline's params as the WorkflowTemplate's parameters, defaults and choices as
+    text; then the run's priority class where the DAG has that param (``PRIORITY_PARAM``)."""
+    own = tuple(
         WorkflowParam(
             name,
             param_text(param.default),
@@ -39,3 +41,7 @@ def workflow_params(spec: PipelineSpec) -> tuple[WorkflowParam, ...]:
         )
         for name, param in spec.params.items()
     )
+    chosen = plan.params.get(PRIORITY_PARAM)
+    if chosen is None or PRIORITY_PARAM in spec.params:
+        return own
+    return (*own, WorkflowParam(PRIORITY_PARAM, str(chosen.default), chosen.description, None))
