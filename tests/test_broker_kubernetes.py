@@ -84,6 +84,24 @@ GPU = "nvidia.com/gpu"
 QUEUE = "scheduling.volcano.sh/v1beta1"
 
 
+def inference_deployment() -> dict[str, Any]:
+    """The inference Deployment the broker scales, on the one node lent to it."""
+    labels = {"app": "inference"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "inference", "namespace": NS},
+        "spec": {
+            "replicas": 8,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "serve", "image": "serve:1"}]},
+            },
+        },
+    }
+
+
 def volcano_queues(vision: int = 8, nlp: int = 4, lent: int = 24) -> list[dict[str, Any]]:
     """deploy/'s Volcano queues with their GPU counts sized to this 32-GPU cluster: the
     teams' deserved, the parent's deserved their sum (as the manifest says), the parent's
@@ -114,22 +132,7 @@ class Cluster:
         for index in range(4):
             node = fake.create(gpu_node(f"gpu-{index}", "inference" if index == 0 else None))
             fake.set_status(node, {"allocatable": {"nvidia.com/gpu": "8"}})
-        labels = {"app": "inference"}
-        fake.create(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": "inference", "namespace": NS},
-                "spec": {
-                    "replicas": 8,
-                    "selector": {"matchLabels": labels},
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {"containers": [{"name": "serve", "image": "serve:1"}]},
-                    },
-                },
-            }
-        )
+        fake.create(inference_deployment())
         fake.create(
             {
                 "apiVersion": "autoscaling/v2",

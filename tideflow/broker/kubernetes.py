@@ -17,6 +17,13 @@
   hold; each pod gets its termination grace, in which tideflow's runtime writes a
   checkpoint and exits resumable. A PDB refusal (HTTP 429) is retried until the
   broker's grace ends.
+* When its cluster file (``TIDEFLOW_CLUSTER_FILE``) declares a team ``inference``,
+  the broker is that team's tenant, as locally (``tideflow.broker.tenant``): it holds
+  at most inference's nominal quota and lends no more of it than inference's rules
+  let anyone borrow (the compiled queues lend the pool to any team); growing back,
+  it stops only gangs that borrow inference's quota, read from their pods' team
+  label (``tideflow.io/team``), each evicted with its rule's grace: the PDB's
+  refusals are retried that long and the pods get that long to stop.
 
 It speaks to the API server through the official ``kubernetes`` client; the
 Role it needs is in ``deploy/kubernetes/broker-rbac.yaml``.
@@ -34,10 +41,29 @@ from typing import Any
 
 from tideflow.broker.checkpoints import work_at_risk_since
 from tideflow.broker.policy import Decision, GangView
+from tideflow.broker.tenant import (
+    INFERENCE_TEAM,
+    PoolGang,
+    PoolNode,
+    borrowers,
+    capped,
+    ceiling,
+    floor,
+    governs_inference,
+    grow,
+    lendable,
+)
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
+from tideflow.inventory import ClusterSpec, load_cluster
+from tideflow.kube.names import dns_label
+from tideflow.scheduling.model import DeviceClass
+from tideflow.scheduling.quota import Eviction, Key, Teams
 
 POOL_LABEL = "tideflow.io/pool"
 GANG_LABEL = "tideflow.io/gang"
+TEAM_LABEL = "tideflow.io/team"  # tideflow.kube.volcano gang_labels: the gang's team
+POOL = "training"  # the node label value of the broker's pool in a cluster file
+DEVICE_CLASSES: dict[str, DeviceClass] = {"nvidia.com/gpu": "gpu", "huawei.com/Ascend910": "npu"}
 TAINT_KEY = "tideflow.io/pool"
 # The client would send a dict body as a JSON *Patch* (its first content type),
 # which the API server rejects; every patch here is a JSON merge patch.
@@ -56,6 +82,9 @@ class ClusterTarget:
     training_queue: str = "training"  # Volcano Queue or Kueue ClusterQueue name
     kueue_flavor: str | None = None  # the ResourceFlavor whose quota moves (Kueue)
     kueue_version: str = "v1beta2"
+    # The cluster file (TIDEFLOW_CLUSTER_FILE): when it declares a team ``inference``, the
+    # broker keeps to that team's quota and borrowing rules (tideflow.broker.tenant).
+    cluster_file: str | None = None
 
 
 def target_from_env() -> ClusterTarget:
@@ -73,6 +102,7 @@ def target_from_env() -> ClusterTarget:
         queue_kind=env("TIDEFLOW_K8S_QUEUE_KIND", "volcano"),
         training_queue=env("TIDEFLOW_K8S_TRAINING_QUEUE", "training"),
         kueue_flavor=env("TIDEFLOW_K8S_KUEUE_FLAVOR") or None,
+        cluster_file=env("TIDEFLOW_CLUSTER_FILE") or None,
     )
 
 
@@ -97,6 +127,28 @@ def _taint(taint: Any) -> dict[str, str]:
     if added is not None:
         found["timeAdded"] = added.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {name: value for name, value in found.items() if value}
+
+
+def _by_gang(pods: list[Any]) -> dict[str, list[Any]]:
+    """Pods by their ``tideflow.io/gang`` label (pods without one are no gang's)."""
+    found: dict[str, list[Any]] = {}
+    for pod in pods:
+        gang = (pod.metadata.labels or {}).get(GANG_LABEL)
+        if gang:
+            found.setdefault(gang, []).append(pod)
+    return found
+
+
+def _pool_model(spec: ClusterSpec, device_class: DeviceClass) -> str | None:
+    """The device model of the broker's pool in the cluster file: of the node groups
+    labelled ``tideflow.io/pool: training`` (else of every group of the class), when they
+    are one model; None (the class-wide quota) otherwise."""
+    groups = [
+        g for g in spec.nodes if g.accelerators and g.accelerators.device_class == device_class
+    ]
+    pool = [g for g in groups if g.labels.get(POOL_LABEL) == POOL] or groups
+    models = {g.accelerators.model for g in pool if g.accelerators}
+    return models.pop() if len(models) == 1 else None
 
 
 class TrainingQueueRefusedError(RuntimeError):
@@ -142,6 +194,20 @@ class KubernetesActuator:
         self.retry_s = retry_s
         self.clock = clock
         self.sleep = sleep
+        self.device_class = DEVICE_CLASSES.get(target.gpu_resource, "gpu")
+        self.teams: Teams | None = None  # set when the broker is inference's tenant
+        self.model: str | None = None  # the pool's device model in the cluster file
+        if target.cluster_file:
+            inventory = load_cluster(target.cluster_file)
+            teams = Teams.of(inventory)
+            if governs_inference(teams) and inventory.teams is not None:
+                self.teams = teams
+                self.model = _pool_model(inventory.teams, self.device_class)
+
+    @property
+    def tenant(self) -> bool:
+        """Whether inference is a team of the broker's cluster file."""
+        return self.teams is not None
 
     # -- reading ------------------------------------------------------------------------
     def gpu_nodes(self) -> list[Any]:
@@ -190,13 +256,8 @@ class KubernetesActuator:
         broker needs read access to it), or from its pods' start when there is
         none or the store cannot be read.
         """
-        found: dict[str, list[Any]] = {}
-        for pod in self._training_pods():
-            gang = (pod.metadata.labels or {}).get(GANG_LABEL)
-            if gang:
-                found.setdefault(gang, []).append(pod)
         views = []
-        for gang, pods in sorted(found.items()):
+        for gang, pods in sorted(_by_gang(self._training_pods()).items()):
             starts = [p.status.start_time.timestamp() for p in pods if p.status.start_time]
             views.append(
                 GangView(
@@ -324,18 +385,27 @@ class KubernetesActuator:
         )
         return gpus
 
-    def _evict_gang(self, gang_id: str, deadline: float) -> tuple[list[str], list[str]]:
+    def _evict_gang(
+        self, gang_id: str, deadline: float, grace_s: float | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Evict the gang's pods, retrying a PDB's refusal until ``deadline``; with
+        ``grace_s``, its pods get that long to stop (the Eviction's DeleteOptions), else
+        their own terminationGracePeriodSeconds."""
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
         pods = self.core.list_namespaced_pod(
             self.target.namespace, label_selector=f"{GANG_LABEL}={gang_id}"
         ).items
+        options = (
+            None if grace_s is None else client.V1DeleteOptions(grace_period_seconds=int(grace_s))
+        )
         evicted, refused = [], []
         for pod in pods:
             name = pod.metadata.name
             body = client.V1Eviction(
-                metadata=client.V1ObjectMeta(name=name, namespace=self.target.namespace)
+                metadata=client.V1ObjectMeta(name=name, namespace=self.target.namespace),
+                delete_options=options,
             )
             while True:
                 try:
@@ -353,6 +423,107 @@ class KubernetesActuator:
                     self.sleep(self.retry_s)  # a PDB refuses for now: try again
         return evicted, refused
 
+    # -- inference as a team of the cluster file ------------------------------------------
+    def _key(self) -> Key:
+        assert self.teams is not None
+        return self.teams.key(INFERENCE_TEAM, self.device_class, self.model)
+
+    def _within_rules(self, wanted: int, total: int) -> tuple[int, str]:
+        """The GPUs to hold for a decision of ``wanted``: at most inference's quota, and
+        no less than the part of it inference's rules let nobody borrow (the compiled
+        queues would lend it to any team), with the note's words for either."""
+        assert self.teams is not None
+        key = self._key()
+        target, note = capped(wanted, ceiling(self.teams, key, total))
+        least = floor(self.teams, key, total)
+        if target < least:
+            target = least
+            note += (
+                f"; held at {least}: inference's rules lend at most "
+                f"{lendable(self.teams, key)} of its quota of "
+                f"{self.teams.nominal(INFERENCE_TEAM, key)}"
+            )
+        return target, note
+
+    def _pool_gangs(self, pods: list[Any], now: float) -> list[PoolGang]:
+        """The gangs on the training pool with their teams, from their pods' team label."""
+        assert self.teams is not None
+        teams = {dns_label(t): t for t in self.teams.teams}
+        found = []
+        for gang, mine in sorted(_by_gang(pods).items()):
+            starts = [p.status.start_time.timestamp() for p in mine if p.status.start_time]
+            started = min(starts, default=0.0)
+            label = (mine[0].metadata.labels or {}).get(TEAM_LABEL)
+            found.append(
+                PoolGang(
+                    gang,
+                    teams.get(label) if label else None,
+                    sum(self._pod_gpus(p) for p in mine),
+                    min(int(p.spec.priority or 0) for p in mine),
+                    started,
+                    max(0.0, now - work_at_risk_since(started, _checkpoint_store(mine))),
+                )
+            )
+        return found
+
+    def _grow_as_tenant(
+        self, training: list[Any], have: int, target: int, total: int
+    ) -> tuple[list[Any], tuple[Eviction, ...], str]:
+        """The nodes to take and the gangs to evict first, by the lender's reclaim; the
+        note's words when it falls short.
+
+        The policy's own victims are not used: they may run within their team's quota.
+        A gang on the pool is stopped only when the teams' rules, replayed over the
+        gangs in the order they started, say it borrows what inference lends (or what
+        the rules return after auto_return_timeout), exactly as the ledger would stop
+        it locally. A gang beyond its team's quota that no rule lets borrow of
+        inference is not stopped either: it holds what no rule gives inference a claim
+        on (the shared pool, another team's idle quota) or what the engine's queues let
+        it take outside the rules, and the broker acts within the rules, not as their
+        judge. The nodes such gangs run on stay training's, and the note names them.
+        """
+        assert self.teams is not None
+        pods = self._training_pods()
+        now = time.time()
+        on_node: dict[str, set[str]] = {}
+        for pod in pods:
+            gang = (pod.metadata.labels or {}).get(GANG_LABEL)
+            if gang:
+                on_node.setdefault(pod.spec.node_name, set()).add(gang)
+        held = borrowers(
+            self.teams, self._pool_gangs(pods, now), have, self.device_class, self.model
+        )
+        growth = grow(
+            self.teams,
+            held,
+            [
+                PoolNode(
+                    n.metadata.name, self._gpus(n), frozenset(on_node.get(n.metadata.name, ()))
+                )
+                for n in training
+            ],
+            have=have,
+            target=target,
+            most=ceiling(self.teams, self._key(), total),
+            device_class=self.device_class,
+            model=self.model,
+            now=now,
+        )
+        by_name = {n.metadata.name: n for n in training}
+        nodes = [by_name[name] for name in growth.nodes]
+        short = target - have - sum(self._gpus(n) for n in nodes)
+        note = ""
+        if short > 0:
+            kept = ", ".join(growth.kept_by[:5]) + (
+                f" and {len(growth.kept_by) - 5} more" if len(growth.kept_by) > 5 else ""
+            )
+            note = f"; {short} GPUs short: " + (
+                f"the nodes left run gangs inference may not reclaim ({kept})"
+                if growth.kept_by
+                else "no whole node left within inference's quota"
+            )
+        return nodes, growth.evictions, note
+
     def apply(self, decision: Decision) -> KubernetesApplied:
         started = self.clock()
         nodes = self.gpu_nodes()
@@ -362,7 +533,23 @@ class KubernetesActuator:
         have = sum(self._gpus(n) for n in inference)
         evicted: list[str] = []
         refused: list[str] = []
-        if decision.inference_gpus > have:
+        wanted, rules_note = decision.inference_gpus, ""
+        if self.tenant:
+            wanted, rules_note = self._within_rules(wanted, total)
+        if wanted > have and self.tenant:
+            taking, evictions, short = self._grow_as_tenant(training, have, wanted, total)
+            rules_note += short
+            for eviction in evictions:  # each waits its own rule's grace
+                done, no = self._evict_gang(
+                    eviction.gang_id, started + eviction.grace_s, eviction.grace_s
+                )
+                evicted += done
+                refused += no
+            for node in taking:
+                self._set_pool(node, "inference")
+                inference.append(node)
+                have += self._gpus(node)
+        elif wanted > have:
             deadline = started + self.grace_s
             for reclaim in decision.reclaims:
                 if reclaim.evicted:
@@ -371,14 +558,14 @@ class KubernetesActuator:
                     refused += no
             # Take whole nodes, the least loaded first (by name for a stable order).
             for node in training:
-                if have >= decision.inference_gpus:
+                if have >= wanted:
                     break
                 self._set_pool(node, "inference")
                 inference.append(node)
                 have += self._gpus(node)
-        elif decision.inference_gpus < have:
+        elif wanted < have:
             for node in sorted(inference, key=lambda n: n.metadata.name, reverse=True):
-                if have - self._gpus(node) < decision.inference_gpus:
+                if have - self._gpus(node) < wanted:
                     continue
                 self._set_pool(node, "training")
                 inference.remove(node)
@@ -391,6 +578,7 @@ class KubernetesActuator:
             tuple(evicted),
             tuple(refused),
             f"inference {have}/{total} GPUs on {len(inference)} node(s)"
+            + rules_note
             + (f"; PDB kept {', '.join(refused)}" if refused else "")
             + (
                 f"; training queue capability held at its deserved {quota} "

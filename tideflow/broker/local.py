@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from tideflow.backends.protocol import Backend
 from tideflow.broker.checkpoints import work_at_risk_since
 from tideflow.broker.policy import Decision, GangView
+from tideflow.broker.tenant import INFERENCE_PRIORITY, capped, ceiling, governs_inference
+from tideflow.broker.tenant import INFERENCE_TEAM as INFERENCE_TEAM  # noqa: PLC0414 (tideflow.ui)
 from tideflow.gangs.evictions import enforce_evictions
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
-INFERENCE_TEAM = "inference"
 INFERENCE_PREFIX = "broker/inference/"
-INFERENCE_PRIORITY = 1_000_000  # ahead of every training gang in the ledger's queue
 RESERVATION_TTL_S = 365 * 86400.0  # held until the broker lends it back
 
 
@@ -82,7 +82,7 @@ class LocalActuator:
     @property
     def tenant(self) -> bool:
         """Whether inference is a team of the cluster file (quota, borrowing, reclaim)."""
-        return self.ledger.teams is not None and self.ledger.teams.governs(INFERENCE_TEAM)
+        return governs_inference(self.ledger.teams)
 
     def capacity(self) -> int:
         """The most GPUs inference may hold: its team's nominal quota when it is a
@@ -91,7 +91,7 @@ class LocalActuator:
         if teams is None or not self.tenant:
             return self.total_gpus()
         key = teams.key(INFERENCE_TEAM, self.device_class, self.model)
-        return min(self.total_gpus(), teams.nominal(INFERENCE_TEAM, key))
+        return ceiling(teams, key, self.total_gpus())
 
     def _of_class(self) -> list[Lease]:
         return [lease for lease in self.ledger.leases() if lease.device_class == self.device_class]
@@ -248,17 +248,12 @@ class LocalActuator:
         ledger reclaims what other teams borrowed of it, with their rules' grace."""
         started = self.clock()
         current = self.inference_gpus()
-        target = min(decision.inference_gpus, self.capacity())
-        capped = (
-            f"; capped at inference's quota of {self.capacity()}"
-            if decision.inference_gpus > target
-            else ""
-        )
+        target, capped_note = capped(decision.inference_gpus, self.capacity())
         if target <= current:
             self._lend_down_to(target)
             self._forget_waiting()
             moved = f"lent {current - target}" if target < current else "nothing to move"
-            return Applied(self.inference_gpus(), (), (), True, 0.0, moved + capped)
+            return Applied(self.inference_gpus(), (), (), True, 0.0, moved + capped_note)
         preempted: dict[str, None] = {}  # in the order the ledger asked them
         forced: list[str] = []
         refusal = ""
@@ -283,7 +278,7 @@ class LocalActuator:
             self.sleep(self.poll_s)
         self._forget_waiting()
         now = self.inference_gpus()
-        note = f"grew {now - current} of {target - current}" + capped
+        note = f"grew {now - current} of {target - current}" + capped_note
         if forced:
             note += f"; forced {', '.join(forced)} after its grace"
         if now < target and refusal:
