@@ -228,7 +228,9 @@ def test_the_broker_is_capped_at_inferences_quota_and_reclaims_its_borrower_with
     idle quota (the file's rule inference -> vision, grace 2m); nlp runs within its own.
     The policy would take every GPU: the broker takes inference's 16 and no more, and of
     the gangs only the borrower is evicted, its eviction waiting the rule's 120 s for the
-    budget (not the broker's own grace_s of 30) and giving its pods that grace."""
+    budget (not the broker's own grace_s of 30) and giving its pods that grace (the
+    Eviction's deleteOptions.gracePeriodSeconds, policy/v1; the fake deletes with the
+    pod's own terminationGracePeriodSeconds, so the request is what is checked)."""
     cluster = Cluster(fake, teams_file(tmp_path))
     cluster.run("vision-own", "vision", "gpu-1", "2026-11-23T06:00:00Z")
     cluster.run("vision-borrows", "vision", "gpu-2", "2026-11-23T07:00:00Z")
@@ -283,8 +285,10 @@ def test_the_broker_lends_no_more_than_inferences_rules_let_anyone_borrow(
     queues say so; the rules bind nothing there), so the broker lends of inference's 16 only
     what its one rule lets vision borrow (half: 8): lending all, it keeps one node, and the
     training queue's nominalQuota stays at nlp's and vision's 16 plus those 8. Kueue's
-    admission (the fake's, kueue cluster_queue.md) then admits a vision JobSet of 24 GPUs
-    and not one of 32."""
+    admission then admits a vision JobSet of 24 GPUs and not one of 32: a ClusterQueue
+    borrows only the unused nominalQuota of the cohort's others (reference/upstream/kueue/
+    site/content/en/docs/concepts/cluster_queue.md, "Flavors and borrowing semantics", as
+    tests/kubefake/kueue.py plays it)."""
     cluster = Cluster(fake, teams_file(tmp_path))
     actuator = cluster.actuator()
     applied = actuator.apply(to(0))
@@ -320,9 +324,10 @@ def test_the_broker_lends_no_more_than_inferences_rules_let_anyone_borrow(
 def test_volcanos_parent_queue_keeps_the_hierarchy_the_compiler_made(
     fake: KubeFake, tmp_path: Path
 ) -> None:
-    """Volcano's queue webhook (validate_queue.go, validateChildrenConstraints) admits the
-    broker's capability on the compiled parent queue as before: the GPUs lent, never below
-    the teams' deserved summed."""
+    """Volcano's queue webhook (reference/upstream/volcano/pkg/webhooks/admission/queues/
+    validate/validate_queue.go, validateChildrenConstraints) admits the broker's capability
+    on the compiled parent queue as before: the GPUs lent, never below the teams' deserved
+    summed (inference's 16 among them, so here always 32)."""
     cluster = Cluster(fake, teams_file(tmp_path), engine="volcano")
     actuator = cluster.actuator()
     for gpus in (16, 0, 32):
