@@ -296,6 +296,7 @@ def test_usage_csv_by_team_has_the_split_and_the_months_budget(tmp_path: Path) -
             "budget_device_hours": "",
             "month_device_hours": "",
             "budget_used": "",
+            "model": "H100",
         },
         {
             "team": "marketing",
@@ -309,6 +310,7 @@ def test_usage_csv_by_team_has_the_split_and_the_months_budget(tmp_path: Path) -
             "budget_device_hours": "100.0000",
             "month_device_hours": "12.0000",
             "budget_used": "0.1200",
+            "model": "H100",
         },
         {
             "team": "risk",
@@ -322,6 +324,7 @@ def test_usage_csv_by_team_has_the_split_and_the_months_budget(tmp_path: Path) -
             "budget_device_hours": "10.0000",
             "month_device_hours": "11.0000",
             "budget_used": "1.1000",
+            "model": "H100",
         },
     ]
     # the budget is the month's whatever the window: from 6 h on, risk used 0 in it
@@ -385,3 +388,159 @@ def test_usage_without_a_ledger_prints_the_header_only(tmp_path: Path) -> None:
     assert done.stdout.strip() == ",".join(report_columns("team"))
     assert "no lease ledger" in done.stderr
     assert not (day.home / "leases.db").exists()  # reading makes no ledger
+
+
+# -- device models -----------------------------------------------------------------------
+TWO_MODELS = """\
+apiVersion: tideflow/v1
+kind: Cluster
+metadata: {name: mixed}
+nodes:
+  - {name: h100, count: 1, cpu: 32, accelerators: {class: gpu, model: H100, count: 8}}
+  - {name: a100, count: 1, cpu: 32, accelerators: {class: gpu, model: A100, count: 8}}
+teams:
+  - name: vision
+    quota:
+      - {device: gpu, model: H100, nominal: 4, budget_device_hours: 10}
+      - {device: gpu, nominal: 4, budget_device_hours: 100}
+"""
+
+
+def two_models(tmp_path: Path) -> Day:
+    """Vision's gangs on both models of a real ledger: 4 H100 for 2 h (one gang), 2 A100
+    for 1 h (another), 1 H100 for 1 h (a third, whose pipeline asked for no model)."""
+    day = Day(tmp_path)
+    day.cluster.write_text(TWO_MODELS)
+    day.ledger = LeaseLedger(
+        day.home / "leases.db", load_cluster(day.cluster), clock=lambda: day.now
+    )
+    day.at(0)
+    for gang_id, model, devices in (
+        ("seg/run1/train", "H100", 4),
+        ("seg/run1/tune", "A100", 2),
+    ):
+        request = GangRequest(gang_id, "vision", "gpu", model, devices, 1, 100)
+        got = day.ledger.try_acquire(request, "test", TTL)
+        assert isinstance(got, Lease) and got.model == model, got
+        day.leases[gang_id] = got
+    day.at(1)
+    day.give_back("seg/run1/tune")
+    loose = day.ledger.try_acquire(
+        GangRequest("det/run1/train", "vision", "gpu", None, 1, 1, 100), "test", TTL
+    )
+    assert isinstance(loose, Lease)
+    day.leases["det/run1/train"] = loose
+    day.at(2)
+    day.give_back("seg/run1/train")
+    day.give_back("det/run1/train")
+    day.at(3)
+    return day
+
+
+def test_usage_rows_name_the_device_model_and_a_models_budget_counts_only_its_hours(
+    tmp_path: Path,
+) -> None:
+    """Each lease's span carries the model it was granted on; rows are per model, the
+    model column last (the columns before it as they were); the H100 budget counts
+    H100 hours only, the class-wide budget the rest of the class."""
+    day = two_models(tmp_path)
+    spans = day.ledger.usage_spans(T0, T0 + 3 * HOUR)
+    models = {s.gang_id: s.model for s in spans}
+    det = models.pop("det/run1/train")  # granted on whichever model was free: recorded
+    assert models == {"seg/run1/train": "H100", "seg/run1/tune": "A100"}
+    assert det in ("H100", "A100")
+    h100 = 8.0 + (1.0 if det == "H100" else 0.0)
+    a100 = 2.0 + (1.0 if det == "A100" else 0.0)
+    window = ("--since", "2026-11-02", "--until", "2026-11-02T03:00", "--format", "csv")
+    done = usage(day, *window)
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[0].split(",")
+    assert header == [*report_columns("team")] and header[-1] == "model"
+    assert header[:-1] == [
+        "team",
+        "device_class",
+        "device_hours",
+        "own_hours",
+        "borrowed_hours",
+        "lost_hours",
+        "preempted",
+        "gangs",
+        "budget_device_hours",
+        "month_device_hours",
+        "budget_used",
+    ]
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert [
+        (
+            r["team"],
+            r["model"],
+            float(r["device_hours"]),
+            r["budget_device_hours"],
+            float(r["month_device_hours"]),
+        )
+        for r in rows
+    ] == [
+        ("vision", "A100", a100, "100.0000", a100),  # the class-wide budget: not H100's hours
+        ("vision", "H100", h100, "10.0000", h100),  # the H100 budget: H100 hours only
+    ]
+    by_run = usage(day, *window, "--by", "run")
+    assert by_run.returncode == 0, by_run.stderr
+    runs = list(csv.DictReader(io.StringIO(by_run.stdout)))
+    assert tuple(runs[0]) == report_columns("run") and report_columns("run")[-1] == "model"
+    seg = {r["model"]: float(r["device_hours"]) for r in runs if r["run"] == "seg/run1"}
+    assert seg == {"H100": 8.0, "A100": 2.0}
+    assert {(t.key, t.model) for t in usage_totals(spans, "pipeline")} == {
+        ("det", det),
+        ("seg", "A100"),
+        ("seg", "H100"),
+    }
+
+
+# The usage table as ledgers wrote it before spans recorded the device model.
+OLD_USAGE_TABLE = """\
+CREATE TABLE usage (
+    lease_id TEXT PRIMARY KEY,
+    gang_id TEXT NOT NULL,
+    team TEXT NOT NULL,
+    device_class TEXT NOT NULL,
+    devices INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL NOT NULL,
+    ended_by TEXT NOT NULL,
+    borrowed INTEGER NOT NULL DEFAULT 0,
+    lost_device_s REAL NOT NULL DEFAULT 0
+);
+"""
+
+
+def test_a_ledger_written_before_models_keeps_its_rows_their_model_unknown(
+    tmp_path: Path,
+) -> None:
+    """An existing ledger database gains the model column when the new code opens it;
+    its rows stay, with the model unknown (empty in the report), and new leases record
+    theirs beside them."""
+    import sqlite3
+
+    day = Day(tmp_path)
+    (day.home / "leases.db").unlink()
+    with sqlite3.connect(day.home / "leases.db") as db:
+        db.executescript(OLD_USAGE_TABLE)
+        db.execute(
+            "INSERT INTO usage VALUES ('l-old', 'fraud/run0/train', 'risk', 'gpu', 2, ?, ?, "
+            "'released', 0, 0)",
+            (T0, T0 + HOUR),
+        )
+    ledger = LeaseLedger(day.home / "leases.db", load_cluster(day.cluster), clock=lambda: day.now)
+    day.ledger = ledger
+    day.at(1)
+    assert isinstance(day.take("fraud/run1/train", "risk", 1), Lease)
+    day.at(2)
+    day.give_back("fraud/run1/train")
+    spans = {s.gang_id: s for s in ledger.usage_spans(T0, T0 + 2 * HOUR)}
+    assert (spans["fraud/run0/train"].model, spans["fraud/run0/train"].device_hours) == (None, 2.0)
+    assert spans["fraud/run1/train"].model == "H100"
+    done = usage(day, "--since", "2026-11-02", "--until", "2026-11-02T02:00", "--format", "csv")
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    risk = [(r["model"], float(r["device_hours"])) for r in rows if r["team"] == "risk"]
+    assert risk == [("", 2.0), ("H100", 1.0)]

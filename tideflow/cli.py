@@ -339,7 +339,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
         ledger = open_ledger(settings.ledger_path, settings.cluster)
         totals = accounting.usage_totals(ledger.usage_spans(since, until), args.by, until=until)
         if args.by == "team":
-            spent = accounting.budgets(
+            spent = accounting.model_budgets(
                 ledger.inventory.teams, ledger.usage_spans(month_start, until)
             )
     else:

@@ -25,18 +25,23 @@ What a lease is grouped under (``group_key``):
   under ``broker/inference`` (they belong to no pipeline or run);
 * any other lease (one taken by hand): under its own id.
 
+Every span carries the device model its lease was granted on (unknown for
+leases a ledger recorded before it kept the model), so the report has a row
+per device class and model.
+
 Budgets (``budget_device_hours`` of a quota entry) are per calendar month in
-UTC. Usage spans carry the device class but not the model, so a team's budget
-is matched per device class: the budgets of its entries for that class (the
-class-wide one and any per-model ones) are added up and set against all its
-device-hours on the class.
+UTC. A per-model entry's budget counts that model's device-hours only; the
+class-wide entry's budget counts the rest of the class: the models without a
+budget of their own, and hours of unknown model (``model_budgets``, what
+``tideflow usage`` reports). ``budgets`` adds up a team's entries per class
+against all its device-hours on the class.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -112,7 +117,7 @@ def gang_usage(spans: Iterable[UsageSpan], gang_id: str) -> Split:
 
 @dataclass(frozen=True)
 class UsageTotal:
-    """One row of ``tideflow usage``: a group's device-hours on one device class."""
+    """One row of ``tideflow usage``: a group's device-hours on one device class and model."""
 
     key: str  # the team, the pipeline or PIPELINE/RUN (see group_key)
     team: str
@@ -123,23 +128,29 @@ class UsageTotal:
     lost_hours: float
     preempted: int  # leases the ledger stopped (preempted or forced) within the window
     gangs: int  # distinct gang ids
+    model: str = ""  # the device model ("": cpu, or a lease recorded before models were)
+
+
+def _model(span: UsageSpan) -> str:
+    return span.model or ""
 
 
 def usage_totals(
     spans: Iterable[UsageSpan], by: GroupBy = "team", *, until: float | None = None
 ) -> list[UsageTotal]:
-    """Device-hours per group, team and device class, sorted by group then team.
+    """Device-hours per group, team, device class and model, sorted in that order.
 
     ``until``: the window's end the spans were clipped to. A span clipped there was
     still running then, so a stop after it is not counted as within the window.
     """
     if by not in GROUPINGS:
         raise ValueError(f"unknown grouping {by!r}; one of {', '.join(GROUPINGS)}")
-    splits: dict[tuple[str, str, str], Split] = {}
-    stopped: dict[tuple[str, str, str], int] = {}
-    gangs: dict[tuple[str, str, str], set[str]] = {}
+    splits: dict[tuple[str, str, str, str], Split] = {}
+    stopped: dict[tuple[str, str, str, str], int] = {}
+    gangs: dict[tuple[str, str, str, str], set[str]] = {}
     for span in spans:
-        key = (group_key(span.gang_id, by, span.team), span.team, span.device_class)
+        group = group_key(span.gang_id, by, span.team)
+        key = (group, span.team, span.device_class, _model(span))
         splits[key] = _add(splits.get(key, Split()), span_split(span))
         gangs.setdefault(key, set()).add(span.gang_id)
         ended_inside = until is None or span.ended_at < until
@@ -147,17 +158,18 @@ def usage_totals(
             stopped[key] = stopped.get(key, 0) + 1
     return [
         UsageTotal(
-            key=group,
-            team=team,
-            device_class=device_class,
+            key=key[0],
+            team=key[1],
+            device_class=key[2],
             device_hours=split.device_hours,
             own_hours=split.own_hours,
             borrowed_hours=split.borrowed_hours,
             lost_hours=split.lost_hours,
-            preempted=stopped.get((group, team, device_class), 0),
-            gangs=len(gangs[(group, team, device_class)]),
+            preempted=stopped.get(key, 0),
+            gangs=len(gangs[key]),
+            model=key[3],
         )
-        for (group, team, device_class), split in sorted(splits.items())
+        for key, split in sorted(splits.items())
     ]
 
 
@@ -209,6 +221,7 @@ class BudgetUse:
     device_class: str
     budget_hours: float  # device-hours the team plans per calendar month on the class
     used_hours: float  # its device-hours on the class this month so far
+    model: str | None = None  # the quota entry's model (None: class-wide, or all of it)
 
     @property
     def share(self) -> float | None:
@@ -219,14 +232,9 @@ class BudgetUse:
 def budgets(spec: ClusterSpec | None, month_spans: Iterable[UsageSpan]) -> list[BudgetUse]:
     """Each team's monthly budget per device class against its use in ``month_spans``
     (the spans of the current calendar month); teams without a budget are left out."""
-    if spec is None:
-        return []
     planned: dict[tuple[str, str], float] = {}
-    for team in spec.teams:
-        for quota in team.quota:
-            if quota.budget_device_hours is not None:
-                key = (team.name, str(quota.device))
-                planned[key] = planned.get(key, 0.0) + float(quota.budget_device_hours)
+    for (team, device_class, _), hours in _planned(spec).items():
+        planned[(team, device_class)] = planned.get((team, device_class), 0.0) + hours
     used: dict[tuple[str, str], float] = {}
     for span in month_spans:
         key = (span.team, span.device_class)
@@ -235,6 +243,45 @@ def budgets(spec: ClusterSpec | None, month_spans: Iterable[UsageSpan]) -> list[
     return [
         BudgetUse(team, device_class, hours, used.get((team, device_class), 0.0))
         for (team, device_class), hours in sorted(planned.items())
+    ]
+
+
+def _planned(spec: ClusterSpec | None) -> dict[tuple[str, str, str | None], float]:
+    """Each quota entry's monthly budget: (team, device class, model or None) -> hours."""
+    if spec is None:
+        return {}
+    return {
+        (team.name, str(quota.device), quota.model): float(quota.budget_device_hours)
+        for team in spec.teams
+        for quota in team.quota
+        if quota.budget_device_hours is not None
+    }
+
+
+def budget_entry(
+    planned: Collection[tuple[str, str, str | None]], team: str, device_class: str, model: str
+) -> tuple[str, str, str | None]:
+    """The budget that hours of ``model`` count against: its model's, where the team
+    has one among ``planned``, else its class-wide one (a model "" is unknown)."""
+    own = (team, device_class, model or None)
+    return own if own in planned else (team, device_class, None)
+
+
+def model_budgets(spec: ClusterSpec | None, month_spans: Iterable[UsageSpan]) -> list[BudgetUse]:
+    """Each team's monthly budget per quota entry (class and model) against the hours in
+    ``month_spans`` that count against it (``budget_entry``); entries without a budget
+    are left out."""
+    planned = _planned(spec)
+    used: dict[tuple[str, str, str | None], float] = {}
+    for span in month_spans:
+        entry = budget_entry(planned, span.team, span.device_class, _model(span))
+        if entry in planned:
+            used[entry] = used.get(entry, 0.0) + span.device_hours
+    return [
+        BudgetUse(team, device_class, hours, used.get((team, device_class, model), 0.0), model)
+        for (team, device_class, model), hours in sorted(
+            planned.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")
+        )
     ]
 
 
@@ -254,27 +301,28 @@ BUDGET_COLUMNS = ("budget_device_hours", "month_device_hours", "budget_used")
 def report_columns(by: GroupBy) -> tuple[str, ...]:
     """The report's columns: the group, its team, the split; budgets when by team."""
     if by == "team":
-        return ("team", *SPLIT_COLUMNS, *BUDGET_COLUMNS)
-    return (by, "team", *SPLIT_COLUMNS)
+        return ("team", *SPLIT_COLUMNS, *BUDGET_COLUMNS, "model")
+    return (by, "team", *SPLIT_COLUMNS, "model")
 
 
 def report_rows(
     totals: Sequence[UsageTotal], by: GroupBy, budget_uses: Sequence[BudgetUse] = ()
 ) -> list[dict[str, str | int | float | None]]:
-    """The report as rows of ``report_columns(by)``. By team, every team with a budget
-    is listed, with 0 hours when it used nothing in the window; budget fields are None
-    for a team without one."""
+    """The report as rows of ``report_columns(by)``. By team, every budget
+    (``model_budgets``) is listed, with 0 hours when nothing counted against it in the
+    window; a row's budget fields are those of the budget its hours count against
+    (``budget_entry``), None where there is none."""
     rows: list[dict[str, str | int | float | None]] = []
-    planned = {(b.team, b.device_class): b for b in budget_uses} if by == "team" else {}
+    planned = {(b.team, b.device_class, b.model): b for b in budget_uses} if by == "team" else {}
     listed = list(totals)
     if by == "team":
-        present = {(t.team, t.device_class) for t in listed}
+        present = {budget_entry(planned, t.team, t.device_class, t.model) for t in listed}
         listed += [
-            UsageTotal(b.team, b.team, b.device_class, 0.0, 0.0, 0.0, 0.0, 0, 0)
-            for b in budget_uses
-            if (b.team, b.device_class) not in present
+            UsageTotal(b.team, b.team, b.device_class, 0.0, 0.0, 0.0, 0.0, 0, 0, b.model or "")
+            for entry, b in planned.items()
+            if entry not in present
         ]
-        listed.sort(key=lambda t: (t.key, t.device_class))
+        listed.sort(key=lambda t: (t.key, t.device_class, t.model))
     for total in listed:
         row: dict[str, str | int | float | None] = {by: total.key}
         if by != "team":
@@ -289,12 +337,13 @@ def report_rows(
             gangs=total.gangs,
         )
         if by == "team":
-            budget = planned.get((total.team, total.device_class))
+            budget = planned.get(budget_entry(planned, total.team, total.device_class, total.model))
             row.update(
                 budget_device_hours=None if budget is None else budget.budget_hours,
                 month_device_hours=None if budget is None else budget.used_hours,
                 budget_used=None if budget is None else budget.share,
             )
+        row["model"] = total.model
         rows.append(row)
     return rows
 
@@ -361,9 +410,11 @@ __all__ = [
     "Split",
     "TeamQuotaRow",
     "UsageTotal",
+    "budget_entry",
     "budgets",
     "gang_usage",
     "group_key",
+    "model_budgets",
     "month_window",
     "parse_when",
     "report_columns",

@@ -135,6 +135,7 @@ _ADDED_COLUMNS = {
     "usage": (
         ("borrowed", "INTEGER NOT NULL DEFAULT 0"),
         ("lost_device_s", "REAL NOT NULL DEFAULT 0"),
+        ("model", "TEXT"),  # the device model the lease was granted on; NULL: unknown
     ),
     "waiting": (("reason", "TEXT NOT NULL DEFAULT ''"),),
 }
@@ -281,6 +282,7 @@ class UsageSpan:
     ended_at: float
     ended_by: str  # released, preempted, forced, expired, or held (still running)
     lost_device_s: float  # device-seconds of work a forced stop threw away
+    model: str | None = None  # the device model it was granted on (None: cpu, or unknown)
 
     @property
     def device_hours(self) -> float:
@@ -873,14 +875,26 @@ class LeaseLedger:
             self._expire(db, self.clock())
             return {str(g): str(r) for g, r in db.execute("SELECT gang_id, reason FROM waiting")}
 
-    @staticmethod
+    def _granted_model(self, lease: Lease) -> str | None:
+        """The model of the devices a lease holds: the one its gang asked for, else its
+        nodes' (a gang never mixes models); None on the CPU."""
+        if lease.model is not None or lease.device_class == "cpu" or not lease.placements:
+            return lease.model
+        first = lease.placements[0].node
+        return next((n.model for n in self.inventory.nodes if n.name == first), None)
+
     def _record_usage(
-        db: sqlite3.Connection, lease: Lease, ended_at: float, how: str, lost_s: float = 0.0
+        self,
+        db: sqlite3.Connection,
+        lease: Lease,
+        ended_at: float,
+        how: str,
+        lost_s: float = 0.0,
     ) -> None:
         db.execute(
             "INSERT OR IGNORE INTO usage (lease_id, gang_id, team, device_class, devices, "
-            "started_at, ended_at, ended_by, borrowed, lost_device_s) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "started_at, ended_at, ended_by, borrowed, lost_device_s, model) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 lease.lease_id,
                 lease.gang_id,
@@ -892,6 +906,7 @@ class LeaseLedger:
                 how,
                 lease.borrowed,
                 lost_s * lease.devices,
+                self._granted_model(lease),
             ),
         )
 
@@ -905,7 +920,7 @@ class LeaseLedger:
             end = now if until is None else until
             rows = db.execute(
                 "SELECT gang_id, team, device_class, devices, borrowed, started_at, ended_at, "
-                "ended_by, lost_device_s FROM usage WHERE ended_at > ? AND started_at < ?",
+                "ended_by, lost_device_s, model FROM usage WHERE ended_at > ? AND started_at < ?",
                 (since, end),
             ).fetchall()
             spans = [
@@ -919,8 +934,9 @@ class LeaseLedger:
                     float(z),
                     str(how),
                     float(lost),
+                    None if model is None else str(model),
                 )
-                for g, t, c, n, b, a, z, how, lost in rows
+                for g, t, c, n, b, a, z, how, lost, model in rows
             ]
             for row in db.execute(
                 f"SELECT {_LEASE_COLUMNS} FROM leases WHERE acquired_at < ?", (end,)
@@ -937,6 +953,7 @@ class LeaseLedger:
                         end,
                         "held",
                         0.0,
+                        self._granted_model(lease),
                     )
                 )
         return [span.clipped(since, end) for span in spans]
