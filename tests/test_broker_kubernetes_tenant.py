@@ -32,7 +32,8 @@ from tideflow.compile.kueue_queues import kueue_objects
 from tideflow.compile.volcano_queues import volcano_objects
 from tideflow.inventory import ClusterSpec
 from tideflow.kube import KubeSettings
-from tideflow.kube.volcano import GangShape, gang_labels
+from tideflow.kube.names import dns_label
+from tideflow.kube.volcano import GangShape
 from tideflow.spec.loader import load_model
 
 NS = "tideflow"
@@ -376,12 +377,21 @@ def test_the_broker_reads_its_cluster_file_from_the_environment(
 
 
 def test_gang_pods_carry_their_team_the_broker_reads() -> None:
-    """The label the broker reads a gang's team from is on every gang object and its pods
-    (Volcano Job and JobSet alike build their pod templates' labels from gang_labels)."""
-    from tideflow.broker.kubernetes import TEAM_LABEL
+    """The label the broker reads a gang's team from is on the pods of both gang kinds
+    (their pod templates' labels), as the team's DNS label."""
+    from tideflow.kube.jobset import gang_jobset
+    from tideflow.kube.volcano import TEAM_LABEL, gang_volcano_job
 
-    shape = GangShape("x", {}, [], {}, 1, "gpu", 8, "H100", "vision", 0, 0)
-    assert gang_labels(shape, "digits/run/train")[TEAM_LABEL] == "vision"
+    shape = GangShape("x", {}, ["python"], {}, 1, "gpu", 8, "H100", "Vision_Team", 0, 0)
+    settings = KubeSettings(namespace=NS)
+    job = gang_volcano_job(shape, "digits/run/train", settings)
+    jobset = gang_jobset(shape, "digits/run/train", settings)
+    templates = [
+        job["spec"]["tasks"][0]["template"],
+        jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"],
+    ]
+    for template in templates:
+        assert template["metadata"]["labels"][TEAM_LABEL] == dns_label("Vision_Team")
 
 
 def test_whom_a_gang_borrows_from_is_the_teams_admission_replayed_in_start_order(

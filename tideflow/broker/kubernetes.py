@@ -56,12 +56,11 @@ from tideflow.broker.tenant import (
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
 from tideflow.inventory import ClusterSpec, load_cluster
 from tideflow.kube.names import dns_label
+from tideflow.kube.volcano import GANG_LABEL, TEAM_LABEL
 from tideflow.scheduling.model import DeviceClass
 from tideflow.scheduling.quota import Eviction, Key, Teams
 
 POOL_LABEL = "tideflow.io/pool"
-GANG_LABEL = "tideflow.io/gang"
-TEAM_LABEL = "tideflow.io/team"  # tideflow.kube.volcano gang_labels: the gang's team
 POOL = "training"  # the node label value of the broker's pool in a cluster file
 DEVICE_CLASSES: dict[str, DeviceClass] = {"nvidia.com/gpu": "gpu", "huawei.com/Ascend910": "npu"}
 TAINT_KEY = "tideflow.io/pool"

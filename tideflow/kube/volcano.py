@@ -49,6 +49,10 @@ from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV
 from tideflow.steps.entrypoints import ARGS_ENV
 
 MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
+# Every gang object and its pods carry their gang and team: the broker finds a gang's
+# pods by the first and reads whose quota it runs on from the second
+# (tideflow.broker.kubernetes).
+GANG_LABEL, TEAM_LABEL = "tideflow.io/gang", "tideflow.io/team"
 EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
 # A worker killed by SIGTERM's default action (128 + 15): the pod was deleted or evicted
 # and its code had no handler; it is stopped from outside, not failing.
@@ -160,8 +164,8 @@ def gang_labels(shape: GangShape, gang_id: str) -> dict[str, str]:
     """Labels on the gang object and its pods; the broker finds a gang's pods by ``gang``."""
     return {
         **shape.labels,
-        "tideflow.io/gang": dns_label(gang_id),
-        "tideflow.io/team": dns_label(shape.team),
+        GANG_LABEL: dns_label(gang_id),
+        TEAM_LABEL: dns_label(shape.team),
     }
 
 
