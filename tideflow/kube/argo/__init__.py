@@ -12,7 +12,10 @@ One DAG template runs one task per step, with the Airflow DAG's dependencies
   the gang as the operator does, creates its Volcano Job or JobSet (owned by
   the workflow), follows it to its end, resubmits it when it is preempted, and
   deletes it when the step is stopped (its deadline, ``argo stop``). Its
-  outputs say where the checkpoints are.
+  outputs say where the checkpoints are. The gang carries the class the
+  operator would give it: the run's (the workflow's ``priority_class``
+  parameter), else its team's default, checked against the cluster file the
+  workflow was compiled with.
 
 Every pod of the workflow runs as ``argo_service_account`` with no API token
 mounted; Argo's own executor containers (they report outputs) get the token of
@@ -42,7 +45,8 @@ The modules, one concern each:
 * ``container``: the standalone executor's container, shared by the container steps;
 * ``data_prep_step``, ``evaluation_step``, ``promotion_step``, ``gang_step``,
   ``exit_step``: one builder per kind of template;
-* ``schedule``: the CronWorkflow's cron.
+* ``schedule``: the CronWorkflow's cron;
+* ``team_classes``: the cluster file's classes and the team, for the gang driver.
 """
 
 from tideflow.kube.argo.compiler import compile_workflow
