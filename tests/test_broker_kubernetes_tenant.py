@@ -458,3 +458,43 @@ def test_whom_a_gang_borrows_from_is_the_teams_admission_replayed_in_start_order
         now=2 * hour,
     )
     assert [(e.gang_id, e.grace_s) for e in growth.evictions] == [("nlp-more", 45.0)]
+
+
+def test_the_kubernetes_brokers_policy_moves_within_what_the_tenant_may_hold(
+    fake: KubeFake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tideflow broker run --backend kubernetes`` bounds its policy as the local broker
+    does: at most inference's quota (16), and at least what the actuator keeps anyway
+    (the 8 of it no rule lets anyone borrow), so the journal records what is held. Without
+    a team inference the bounds are the settings' own."""
+    from tideflow.broker.service import BrokerSettings, open_kubernetes
+
+    path = teams_file(tmp_path)
+    Cluster(fake, path)
+    for name, value in {
+        "TIDEFLOW_K8S_NAMESPACE": NS,
+        "TIDEFLOW_K8S_QUEUE_KIND": "kueue",
+        "TIDEFLOW_K8S_KUEUE_FLAVOR": "h100",
+        "TIDEFLOW_CLUSTER_FILE": str(path),
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = BrokerSettings(load="synthetic:100", per_gpu_rps=10.0, min_inference_gpus=0)
+
+    _, actuator, config, _ = open_kubernetes(settings, tmp_path / "broker.db", fake.client(BROKER))
+    assert actuator.tenant and config.total_gpus == 32
+    assert (config.min_inference_gpus, config.ceiling) == (8, 16)
+
+    other = tmp_path / "no-inference"
+    other.mkdir()
+    monkeypatch.setenv("TIDEFLOW_CLUSTER_FILE", str(teams_file(other, NO_INFERENCE)))
+    _, actuator, config, _ = open_kubernetes(settings, tmp_path / "broker.db", fake.client(BROKER))
+    assert not actuator.tenant
+    assert (config.min_inference_gpus, config.ceiling) == (0, 32)
+
+    monkeypatch.setenv("TIDEFLOW_CLUSTER_FILE", str(path))
+    with pytest.raises(ValueError, match=r"holds 16 GPU.*below the broker's min_inference_gpus 24"):
+        open_kubernetes(
+            BrokerSettings(load="synthetic:100", per_gpu_rps=10.0, min_inference_gpus=24),
+            tmp_path / "broker.db",
+            fake.client(BROKER),
+        )

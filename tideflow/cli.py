@@ -528,15 +528,10 @@ def _write_timeline(result: Any, config: Any, path: Path, day: int) -> None:
 
 
 def _kubernetes_broker(settings: Any, journal: Path) -> tuple[Any, Any, Any, Any]:
-    from tideflow.broker.journal import DecisionJournal
-    from tideflow.broker.kubernetes import KubernetesActuator, target_from_env
-    from tideflow.broker.service import load_source_from, on_the_loads_clock, policy_config
+    from tideflow.broker.service import open_kubernetes
     from tideflow.kube.client import connect
 
-    actuator = KubernetesActuator(connect(), target_from_env(), grace_s=settings.grace_s)
-    load = load_source_from(settings.load)
-    config = on_the_loads_clock(policy_config(settings, actuator.total_gpus()), load)
-    return load, actuator, config, DecisionJournal(journal)
+    return open_kubernetes(settings, journal, connect())
 
 
 def _add_validate(sub: Any) -> None:

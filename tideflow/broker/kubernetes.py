@@ -208,6 +208,20 @@ class KubernetesActuator:
         """Whether inference is a team of the broker's cluster file."""
         return self.teams is not None
 
+    def capacity(self) -> int:
+        """The most GPUs inference may hold: its team's nominal quota when it is a
+        tenant, else every GPU node the broker manages."""
+        total = self.total_gpus()
+        return total if self.teams is None else ceiling(self.teams, self._key(), total)
+
+    def least_gpus(self) -> int:
+        """The fewest GPUs inference keeps whatever the decision: as a tenant, the part
+        of its quota that its rules let nobody borrow (the compiled queues would lend
+        anything more to any team)."""
+        if self.teams is None:
+            return 0
+        return floor(self.teams, self._key(), self.total_gpus())
+
     # -- reading ------------------------------------------------------------------------
     def gpu_nodes(self) -> list[Any]:
         nodes = self.core.list_node(label_selector=self.target.node_selector).items

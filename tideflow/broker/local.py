@@ -93,6 +93,11 @@ class LocalActuator:
         key = teams.key(INFERENCE_TEAM, self.device_class, self.model)
         return ceiling(teams, key, self.total_gpus())
 
+    def least_gpus(self) -> int:
+        """The fewest GPUs inference keeps whatever the decision: none here, since the
+        ledger lends only what the borrowing rules allow."""
+        return 0
+
     def _of_class(self) -> list[Lease]:
         return [lease for lease in self.ledger.leases() if lease.device_class == self.device_class]
 

@@ -40,6 +40,15 @@ class Actuator(Protocol):
     def apply(self, decision: Decision) -> Any: ...
 
 
+class TenantActuator(Actuator, Protocol):
+    """An actuator that may act as inference's tenant of the cluster file's teams."""
+
+    @property
+    def tenant(self) -> bool: ...
+    def capacity(self) -> int: ...
+    def least_gpus(self) -> int: ...
+
+
 BROKER_DAG_ID = "tideflow_broker"  # the Airflow DAG that runs the broker
 HISTORY_S = 8 * 86400.0
 CALIBRATION_S = 7 * 86400.0  # outcomes the SLO calibration replays
@@ -218,6 +227,34 @@ def peek(
     return decide(observe(load, actuator, config, journal, now), config)
 
 
+def within_inference_quota(
+    config: PolicyConfig, actuator: TenantActuator, settings: BrokerSettings
+) -> PolicyConfig:
+    """The policy's bounds when the broker is inference's tenant (``tideflow.broker.tenant``).
+
+    The decision then moves within inference's declared nominal quota in whole nodes,
+    and never below what the actuator keeps anyway (``least_gpus``: on a cluster, the
+    part of the quota inference's rules let nobody borrow), so that the journal records
+    what is held rather than a number the actuator would correct.
+    """
+    if not actuator.tenant:
+        return config
+    node = settings.node_gpus
+    most = actuator.capacity() // node * node
+    if most < settings.min_inference_gpus:
+        raise ValueError(
+            f"tideflow broker: team inference's {settings.device_class} quota in the "
+            f"cluster file holds {most} GPU(s) in whole nodes of {node}, below the "
+            f"broker's min_inference_gpus {settings.min_inference_gpus}"
+        )
+    least = min(most, -(-actuator.least_gpus() // node) * node)
+    return replace(
+        config,
+        max_inference_gpus=most,
+        min_inference_gpus=max(config.min_inference_gpus, least),
+    )
+
+
 def open_local(
     settings: BrokerSettings, ledger_path: Path, journal_path: Path, cluster_file: str | None
 ) -> tuple[LoadSource, LocalActuator, PolicyConfig, DecisionJournal]:
@@ -243,16 +280,21 @@ def open_local(
         )
     load = load_source_from(settings.load)
     config = on_the_loads_clock(policy_config(settings, total), load)
-    if actuator.tenant:  # inference's dynamic quota moves within its declared nominal one
-        whole_nodes = actuator.capacity() // settings.node_gpus * settings.node_gpus
-        if whole_nodes < settings.min_inference_gpus:
-            raise ValueError(
-                f"tideflow broker: team inference's {settings.device_class} quota in the "
-                f"cluster file holds {whole_nodes} GPU(s) in whole nodes of "
-                f"{settings.node_gpus}, below the broker's min_inference_gpus "
-                f"{settings.min_inference_gpus}"
-            )
-        config = replace(config, max_inference_gpus=whole_nodes)
+    config = within_inference_quota(config, actuator, settings)
+    return load, actuator, config, DecisionJournal(journal_path)
+
+
+def open_kubernetes(
+    settings: BrokerSettings, journal_path: Path, api_client: Any
+) -> tuple[LoadSource, Any, PolicyConfig, DecisionJournal]:
+    """The pieces of a broker acting on a cluster (``tideflow.broker.kubernetes``), the
+    objects it moves named by ``TIDEFLOW_K8S_*`` and its teams by ``TIDEFLOW_CLUSTER_FILE``."""
+    from tideflow.broker.kubernetes import KubernetesActuator, target_from_env
+
+    actuator = KubernetesActuator(api_client, target_from_env(), grace_s=settings.grace_s)
+    load = load_source_from(settings.load)
+    config = on_the_loads_clock(policy_config(settings, actuator.total_gpus()), load)
+    config = within_inference_quota(config, actuator, settings)
     return load, actuator, config, DecisionJournal(journal_path)
 
 
