@@ -382,6 +382,22 @@ def test_warnings_name_each_rule_volcano_cannot_express(tmp_path: Path) -> None:
         assert rule in text, rule
 
 
+@pytest.mark.parametrize("engine", ["kueue", "volcano"])
+def test_the_grace_warning_says_the_broker_reclaims_with_the_rules_grace(
+    engine: str, tmp_path: Path
+) -> None:
+    """Where team inference lends (the broker is its tenant), the engine's one grace is
+    not the whole story: the broker's own reclaims wait each rule's grace."""
+    compile_objects = kueue_objects if engine == "kueue" else volcano_objects
+    lab = Path(__file__).parents[1] / "deploy" / "local" / "lab-cluster.yaml"
+    _, lent = compile_objects(load_model(lab, ClusterSpec))
+    (grace,) = [w for w in lent if "grace per borrowing rule" in w]
+    assert "as team inference's tenant" in grace and "rule's grace" in grace
+    _, bank = compile_objects(cluster(BANK, tmp_path))
+    (grace,) = [w for w in bank if "grace per borrowing rule" in w]
+    assert "inference" not in grace
+
+
 def test_a_cluster_without_teams_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

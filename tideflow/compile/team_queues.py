@@ -329,6 +329,17 @@ BROKER_NOTE = (
 )
 
 
+def tenant_grace(lenders: Iterable[str]) -> str:
+    """What the grace warning adds when team ``inference`` lends: the broker, its tenant,
+    reclaims with each rule's grace (``tideflow.broker.tenant``)."""
+    if "inference" not in set(lenders):
+        return ""
+    return (
+        "; the broker, as team inference's tenant (TIDEFLOW_CLUSTER_FILE), evicts what "
+        "inference lent with its rule's grace (deleteOptions.gracePeriodSeconds)"
+    )
+
+
 def budget_warning(spec: ClusterSpec, engine: str) -> str | None:
     """Budgets are device-hours, which no engine's quota is: say so, naming them."""
     budgets = [

@@ -39,6 +39,7 @@ from tideflow.compile.team_queues import (
     plan_team_queues,
     priority_class_name,
     render,
+    tenant_grace,
 )
 from tideflow.inventory import ClusterSpec
 
@@ -217,7 +218,7 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             f"grace per borrowing rule ({', '.join(f'{g}s' for g in graces)}): Volcano's "
             "reclaim evicts the borrower's pods, which get their "
             "terminationGracePeriodSeconds (TIDEFLOW_K8S_GRACE_S, one value for every "
-            "gang) to checkpoint and exit"
+            "gang) to checkpoint and exit" + tenant_grace(r.lender for r in rules)
         )
     timeouts = [r for r in rules if r.auto_return_timeout is not None]
     if timeouts:
