@@ -453,3 +453,25 @@ def test_cluster_file_integers_refuse_booleans() -> None:
         f"cluster.yaml:6:84: nodes[1].accelerators.count: expected an integer, {boolean}; "
         "an integer between 1 and 64",
     ]
+
+
+def test_a_priority_class_needs_a_cluster_file_that_declares_classes(
+    cluster: Inventory, tmp_path: Path
+) -> None:
+    """A run of a pipeline naming a class is refused where the cluster file declares no
+    classes (``tideflow.gangs.with_team_priority``), so validation says so first, at the
+    field, rather than letting the DAG load and every run fail."""
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata:\n  name: p\n  team: vision\n"
+        "  priority_class: urgent\nsteps:\n  - name: train\n"
+        "    gang_training: {entrypoint: m:f, workers: 2, device: {class: gpu}}\n"
+    )
+    with pytest.raises(SpecError) as caught:
+        load_pipeline(path, cluster)
+    assert (
+        "p.yaml:6:19: metadata.priority_class: priority class 'urgent' is named, but "
+        "cluster file 'lab' declares no priority classes"
+    ) in str(caught.value)
+    path.write_text(path.read_text().replace("  priority_class: urgent\n", ""))
+    assert load_pipeline(path, cluster).metadata.team == "vision"

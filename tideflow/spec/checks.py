@@ -262,7 +262,19 @@ class _Checker:
         and its priority class one the team may use."""
         declared = getattr(inventory, "teams", None)  # tideflow.inventory.ClusterSpec or None
         meta = self.data.get("metadata")
-        if declared is None or not isinstance(meta, dict):
+        if not isinstance(meta, dict):
+            return
+        if declared is None:
+            named = meta.get("priority_class")
+            # A cluster file without teams has no classes: every run naming one would be
+            # refused (tideflow.gangs.with_team_priority), so say so here, at the field.
+            if isinstance(named, str) and hasattr(inventory, "teams"):
+                self.add(
+                    ("metadata", "priority_class"),
+                    f"priority class '{named}' is named, but cluster file "
+                    f"'{inventory.name}' declares no priority classes",
+                    "no priority_class, or a cluster file with priority_classes and teams",
+                )
             return
         teams = {team.name: team for team in declared.teams}
         team = meta.get("team")
