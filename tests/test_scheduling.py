@@ -21,8 +21,10 @@ from tideflow.scheduling import (
     LeaseLedger,
     LeaseLostError,
     Refusal,
+    WorkerPlacement,
     place,
 )
+from tideflow.scheduling.placement import nodes_to_hold, without_nodes
 
 
 def cluster(*groups: tuple[str, int, str, int]) -> Inventory:
@@ -431,3 +433,32 @@ def test_an_inventory_that_still_has_every_held_device_takes_over(tmp_path: Path
     lease = grown.try_acquire(gang("g2", 1, 8), "h", 60)
     assert isinstance(lease, Lease) and lease.placements[0].node == "box-c"
     assert isinstance(grown.try_acquire(gang("g3", 1, 8), "h", 60), Refusal)
+
+
+def test_nodes_held_for_a_reserved_gang_are_where_it_starts_soonest() -> None:
+    inventory = cluster(("a", 4, "H100", 8), ("b", 2, "A100", 8))
+    used = {"a-0": {0, 1, 2, 3, 4, 5}, "a-1": {0, 1}, "a-2": {0, 1}, "a-3": {0, 1, 2}}
+    leases = {"a-0": 1, "a-1": 2, "a-2": 1, "a-3": 1, "b-0": 1, "b-1": 1}
+    busy_b = {"b-0": {0, 1, 2, 3}, "b-1": {0, 1, 2, 3}}
+    big = gang("big", 2, 8, model=None)
+    # Most free first (a-1 and a-2 have 6), then fewest leases to wait for (a-2);
+    # one model: the H100 nodes free 12 of 16 where the A100 nodes free 8.
+    hold = nodes_to_hold(big, inventory, {**used, **busy_b}, newer={}, leases=leases)
+    assert hold == ("a-1", "a-2")
+    # A node that took a lease since the reservation began ranks last: the choice
+    # stays put while the held nodes drain.
+    assert nodes_to_hold(big, inventory, {**used, **busy_b}, newer={"a-2": 2}, leases=leases) == (
+        "a-1",
+        "a-3",
+    )
+    # Taken by an earlier reservation: the next best; none left that hold it: ().
+    taken = nodes_to_hold(big, inventory, busy_b, newer={}, leases={}, taken=("a-0", "a-1"))
+    assert taken == ("a-2", "a-3")
+    huge = gang("huge", 3, 8)
+    assert nodes_to_hold(huge, inventory, {}, newer={}, leases={}, taken=["a-0", "a-1"]) == ()
+    # Kept off them, a gang places as if they were full.
+    six = gang("six", 1, 6)
+    assert place(six, inventory, used) == (WorkerPlacement(0, "a-1", (2, 3, 4, 5, 6, 7)),)
+    fenced = without_nodes(inventory, used, ("a-1", "a-2"), "gpu")
+    assert fenced["a-1"] == set(range(8)) and fenced["a-0"] == used["a-0"]
+    assert isinstance(place(six, inventory, fenced), Refusal)

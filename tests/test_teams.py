@@ -342,7 +342,7 @@ def test_a_class_without_preempts_never_stops_anyone(bank: tuple[LeaseLedger, Cl
 
 
 # -- reservation, fair sharing, auto return ---------------------------------------------
-def test_a_large_gang_that_waited_past_reserve_after_is_not_starved(
+def test_a_gang_that_waits_for_its_quota_reserves_nothing(
     bank: tuple[LeaseLedger, Clock],
 ) -> None:
     ledger, clock = bank
@@ -352,17 +352,73 @@ def test_a_large_gang_that_waited_past_reserve_after_is_not_starved(
         clock.now += 30
         refused(ledger, gang("risk/big", "risk", 40))
     ledger.release(smalls[0].lease_id)
-    # a new small gang would fit in the freed 10, but the big one has waited too long
-    why = refused(ledger, gang("risk/s9", "risk", 10)).reason
-    assert "reserved for risk/big, which has waited 1830s" in why
-    clock.now += 30
-    refused(ledger, gang("risk/s9", "risk", 10))  # the same reason, 30 s later
-    waits = [e for e in ledger.journal() if e.gang_id == "risk/s9" and e.action == "wait"]
-    assert len(waits) == 1, waits  # journaled when the reason changes, not every poll
+    # risk's quota holds risk/big back, not room on nodes: the 10 that freed go to a
+    # gang of its team (held for it, they would stay idle until all 40 are free)
+    assert acquire(ledger, gang("risk/s9", "risk", 10)).devices == 10
     for lease in smalls[1:]:
         ledger.release(lease.lease_id)
-    refused(ledger, gang("risk/s9", "risk", 10))
+    ledger.release(ledger.lease_for("risk/s9").lease_id)  # type: ignore[union-attr]
     assert acquire(ledger, gang("risk/big", "risk", 40)).devices == 40
+
+
+def shaped(gang_id: str, team: str, workers: int, per: int, priority: int = 100) -> GangRequest:
+    klass = "normal" if priority == 100 else "batch"
+    return GangRequest(
+        gang_id, team, "gpu", None, workers, per, priority=priority, priority_class=klass
+    )
+
+
+def _big_waits_for_nodes(ledger: LeaseLedger, clock: Clock) -> GangRequest:
+    """risk/big (two whole nodes) waits past reserve_after for nodes, not for quota.
+
+    Eight nodes carry one 8-GPU gang each (2 free), gpu-8 a 6-GPU gang (4 free),
+    gpu-9 is empty: 28 GPUs free but only one whole node. Risk uses 16 of its 40.
+    """
+    for i, team in enumerate(["marketing"] * 3 + ["research"] * 3 + ["risk"] * 2):
+        assert acquire(ledger, shaped(f"{team}/n{i}", team, 1, 8)).nodes == (f"gpu-{i}",)
+    assert acquire(ledger, shaped("marketing/six", "marketing", 1, 6)).nodes == ("gpu-8",)
+    big = shaped("risk/big", "risk", 2, 10)
+    refused(ledger, big)
+    for _ in range(61):  # it keeps asking, as its trigger does
+        clock.now += 30
+        refused(ledger, big)
+    return big
+
+
+def test_a_reservation_holds_nodes_and_its_team_backfills_the_others(
+    bank: tuple[LeaseLedger, Clock],
+) -> None:
+    ledger, clock = bank
+    big = _big_waits_for_nodes(ledger, clock)
+    # The nodes where risk/big starts soonest: the most free devices (gpu-9's 10,
+    # gpu-8's 4). A small gang of its own team that fits elsewhere starts there.
+    small = acquire(ledger, shaped("risk/small", "risk", 1, 2))
+    assert small.nodes == ("gpu-0",)
+    # One that fits only on a held node waits, and says which nodes and for whom.
+    why = refused(ledger, shaped("risk/four", "risk", 1, 4)).reason
+    assert "gpu-8, gpu-9" in why and "reserved for risk/big, which has waited 1830s" in why
+    clock.now += 30
+    refused(ledger, shaped("risk/four", "risk", 1, 4))  # the same reason, 30 s later
+    waits = [e.reason for e in ledger.journal() if e.gang_id == "risk/four"]
+    assert len(waits) == 1 and "gpu-8, gpu-9" in waits[0], waits  # when it changes only
+    # risk/four, queued first, is not about to start: it does not hold back a gang
+    # behind it that fits off the held nodes.
+    clock.now += 1
+    assert acquire(ledger, shaped("risk/two", "risk", 1, 2)).nodes == ("gpu-1",)
+    ledger.release(ledger.lease_for("marketing/six").lease_id)  # type: ignore[union-attr]
+    refused(ledger, shaped("risk/four", "risk", 1, 4))  # gpu-8 is empty now: still held
+    assert acquire(ledger, big).nodes == ("gpu-8", "gpu-9")
+
+
+def test_a_reserved_gang_keeps_the_quota_it_needs(bank: tuple[LeaseLedger, Clock]) -> None:
+    ledger, clock = bank
+    _big_waits_for_nodes(ledger, clock)
+    # risk uses 16 of 40; risk/big needs 20, of which it may borrow 6 now (marketing's
+    # idle 6): its team's small gangs start while 20 are left for it, then wait.
+    for i in range(5):
+        acquire(ledger, shaped(f"risk/s{i}", "risk", 1, 2))
+    why = refused(ledger, shaped("risk/s5", "risk", 1, 2)).reason
+    assert "reserved for risk/big" in why and "quota" in why, why
 
 
 def test_fair_sharing_puts_the_team_with_the_smaller_share_first(tmp_path: Path) -> None:

@@ -232,3 +232,51 @@ def test_lenders_own_gang_is_not_held_behind_a_borrower_that_cannot_borrow() -> 
         book.release(research.lease_id)  # research's own 8 GPUs are free again
         book.try_acquire(borrower, "h", 1e9)
         assert isinstance(book.try_acquire(second, "h", 1e9), Lease)
+
+
+def _two_teams(
+    nodes: int, quotas: dict[str, int], reserve_after: str | None = "30m"
+) -> ClusterSpec:
+    return ClusterSpec.model_validate(
+        {
+            "apiVersion": "tideflow/v1",
+            "kind": "Cluster",
+            "metadata": {"name": "c"},
+            "nodes": [
+                {
+                    "name": "n",
+                    "count": nodes,
+                    "cpu": 8,
+                    "accelerators": {"class": "gpu", "model": "H100", "count": 10},
+                }
+            ],
+            "teams": [
+                {"name": team, "quota": [{"device": "gpu", "nominal": n}]}
+                for team, n in quotas.items()
+            ],
+            "scheduling": {"reserve_after": reserve_after},
+        }
+    )
+
+
+def test_a_reserved_large_gang_starts_once_its_held_nodes_drain() -> None:
+    # Six nodes of 10; team b runs a 6-GPU gang on every node (4 free on each) and
+    # keeps more queued, so a node that empties is refilled at once and two empty
+    # nodes never come by themselves. Team a's 20-GPU gang (two whole nodes) arrives
+    # just after b's first gangs.
+    work = 3 * HOUR  # the longest run of any gang here
+    b = [Job(f"b-{i:03d}", "b", i * 1200.0, 1, 6, work - (i % 5) * 900.0) for i in range(96)]
+    b = [Job(f"b-x{i}", "b", 0.0, 1, 6, work - 700.0 - i * 1000.0) for i in range(5)] + b
+    big = Job("a-big", "a", 60.0, 2, 10, HOUR)
+    spec = _two_teams(6, {"a": 24, "b": 36})
+    result = replay(spec, [big, *b], policy="t", window_s=4 * DAY)
+    # From reserve_after on, no gang queued behind it lands on the nodes held for it
+    # (the two with the most free devices: here the first two that b's gangs leave),
+    # so it starts at the latest when the runs on them then end (3 h, plus reload).
+    held_from = big.arrival_s + 1800.0
+    started = result.outcome("a-big").first_start
+    assert started is not None and started <= held_from + work + 60.0, started / HOUR
+    # Without reservations it waits until b's queue runs dry.
+    spec = _two_teams(6, {"a": 24, "b": 36}, reserve_after=None)
+    unreserved = replay(spec, [big, *b], policy="t", window_s=4 * DAY).outcome("a-big")
+    assert (unreserved.first_start or 0) > 12 * HOUR

@@ -12,8 +12,10 @@ Waiting and priority: a request that does not fit now is recorded in
 while a waiter of higher priority (or equal priority, queued earlier) would
 also fit now: that waiter goes first. Waiters that do not fit do not block
 smaller requests behind them (best-effort FIFO, as Kueue's BestEffortFIFO).
-The trade-off is that a large gang can starve behind a stream of small ones;
-give it a higher priority, or let the broker reserve capacity for it.
+So that a large gang cannot starve behind a stream of small ones, a gang that
+has waited ``scheduling.reserve_after`` holds the nodes where it can start
+soonest (and the quota it needs): gangs behind it start on the other nodes
+(``tideflow.scheduling.reservation``).
 
 Every process must place against the same inventory: two processes that name
 one 8-GPU box differently would each see 8 free GPUs. The ledger keeps the
@@ -44,7 +46,7 @@ from typing import NamedTuple
 
 from tideflow.inventory import Inventory
 from tideflow.scheduling.model import DeviceUsage, GangRequest, Lease, Refusal, WorkerPlacement
-from tideflow.scheduling.placement import place
+from tideflow.scheduling.placement import place, without_nodes
 from tideflow.scheduling.quota import (
     Grant,
     Held,
@@ -55,6 +57,7 @@ from tideflow.scheduling.quota import (
     shrink_to,
     victims,
 )
+from tideflow.scheduling.reservation import Claim, Reservation, quota_held_back, reservations
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -453,24 +456,18 @@ class LeaseLedger:
                     return self._refuse(db, request, now, evicting or quota.reason)
                 grant = quota
                 wanted = shrink_to(request, grant)
-                reserved = self._reserved_for(db, request, grant, view, now)
-                if reserved is not None:
-                    return self._refuse(db, request, now, reserved)
             used = self._used(db, request.device_class)
-            placed = place(wanted, self.inventory, used)
+            booked = (
+                []
+                if grant is None
+                else self._reservations(db, request.device_class, view, used, now)
+            )
+            placed = self._place(
+                db, request, wanted, view, now, grant=grant, booked=booked, used=used
+            )
             if isinstance(placed, Refusal):
-                if placed.never:
-                    db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
-                    return placed
-                if self.teams is not None:
-                    evicting = self._make_room(db, request, view, now, used)
-                    if evicting:
-                        return self._refuse(db, request, now, evicting)
-                self._wait(db, request, now, placed.reason)
-                return Refusal(
-                    placed.reason + self._held_by(db, request.device_class, now), never=False
-                )
-            ahead = self._waiter_ahead(db, request, used, view, now)
+                return placed
+            ahead = self._waiter_ahead(db, request, used, view, now, booked=booked)
             if ahead is not None:
                 return self._refuse(
                     db,
@@ -545,6 +542,52 @@ class LeaseLedger:
                 self._journal(db, now, request, "admit", f"{lease.devices} device(s){source}")
             return lease
 
+    def _place(
+        self,
+        db: sqlite3.Connection,
+        request: GangRequest,
+        wanted: GangRequest,
+        view: _View,
+        now: float,
+        *,
+        grant: Grant | None,
+        booked: list[Reservation],
+        used: dict[str, set[int]],
+    ) -> tuple[WorkerPlacement, ...] | Refusal:
+        """Where the gang goes, off the nodes held for reserved gangs ahead of it; or why
+        it waits (recorded, and its evictions asked for)."""
+        held_nodes: frozenset[str] = frozenset()
+        ahead: list[Reservation] = []
+        if grant is not None and booked:
+            queued_at = self._queued_at(request, view, now)
+            ahead = [r for r in booked if r.ahead_of(request, queued_at)]
+            refusal = self._held_back(request, grant, ahead, view, now)
+            if refusal is not None:
+                return self._refuse(db, request, now, refusal)
+            held_nodes = frozenset(node for r in ahead for node in r.nodes)
+        fence = (
+            without_nodes(self.inventory, used, held_nodes, request.device_class)
+            if held_nodes
+            else used
+        )
+        placed = place(wanted, self.inventory, fence)
+        if not isinstance(placed, Refusal):
+            return placed
+        if placed.never:
+            db.execute("DELETE FROM waiting WHERE gang_id = ?", (request.gang_id,))
+            return placed
+        if held_nodes:
+            anywhere = place(wanted, self.inventory, used)
+            if not isinstance(anywhere, Refusal):
+                return self._refuse(db, request, now, self._on_held_nodes(ahead, now))
+            placed = anywhere  # it does not fit at all: say so with every node
+        if self.teams is not None:
+            evicting = self._make_room(db, request, view, now, used, held_nodes=held_nodes)
+            if evicting:
+                return self._refuse(db, request, now, evicting)
+        self._wait(db, request, now, placed.reason)
+        return Refusal(placed.reason + self._held_by(db, request.device_class, now), never=False)
+
     # -- waiting, reservation and eviction (teams) -------------------------------------
     def _refuse(
         self, db: sqlite3.Connection, request: GangRequest, now: float, reason: str
@@ -610,43 +653,78 @@ class LeaseLedger:
             for held, lease in zip(view.held, view.leases, strict=True)
         )
 
-    def _reserved_for(
-        self, db: sqlite3.Connection, request: GangRequest, grant: Grant, view: _View, now: float
-    ) -> str | None:
-        """A gang that has waited past ``reserve_after`` on this device class, at this
-        priority or higher: nothing of lower or equal priority that competes for the same
-        devices starts ahead of it. Its competitors are its own team's gangs and gangs
-        that borrow; another team's gang within that team's own quota is never held back
-        (its quota is its guarantee)."""
+    def _reservations(
+        self,
+        db: sqlite3.Connection,
+        device_class: str,
+        view: _View,
+        used: dict[str, set[int]],
+        now: float,
+    ) -> list[Reservation]:
+        """The gangs that have waited past ``reserve_after`` on this class, and the nodes
+        held for each (``tideflow.scheduling.reservation``)."""
         assert self.teams is not None
         limit = self.teams.reserve_after_s
-        if limit is None:
+        if limit is None or not any(at <= now - limit for at in view.enqueued_at):
+            return []
+        claims = [
+            Claim(str(node), str(lease_id), float(at))
+            for node, lease_id, at in db.execute(
+                "SELECT c.node, c.lease_id, l.acquired_at FROM claims c "
+                "JOIN leases l USING (lease_id) WHERE c.device_class = ? ORDER BY c.node",
+                (device_class,),
+            )
+        ]
+        return reservations(
+            self.teams,
+            self.inventory,
+            device_class,
+            waiting=list(zip(view.waiting, view.enqueued_at, strict=True)),
+            held=view.held,
+            used=used,
+            claims=claims,
+            now=now,
+        )
+
+    @staticmethod
+    def _queued_at(request: GangRequest, view: _View, now: float) -> float:
+        for other, at in zip(view.waiting, view.enqueued_at, strict=True):
+            if other.gang_id == request.gang_id:
+                return at
+        return now
+
+    def _held_back(
+        self,
+        request: GangRequest,
+        grant: Grant,
+        ahead: list[Reservation],
+        view: _View,
+        now: float,
+    ) -> str | None:
+        """Why ``request`` may not start although its quota admits it: it would take
+        quota that a reserved gang ahead of it needs."""
+        assert self.teams is not None
+        if not ahead:
             return None
-        mine = db.execute(
-            "SELECT enqueued_at FROM waiting WHERE gang_id = ?", (request.gang_id,)
-        ).fetchone()
-        queued_at = float(mine[0]) if mine else now
-        # Only a gang ahead of this one reserves against it (higher priority, or the same
-        # and queued earlier): two long waiters never hold each other back.
-        for gang_id, text, enqueued_at in db.execute(
-            "SELECT gang_id, request, enqueued_at FROM waiting WHERE gang_id != ? "
-            "AND enqueued_at <= ? AND (priority > ? OR (priority = ? AND enqueued_at < ?)) "
-            "ORDER BY priority DESC, enqueued_at",
-            (request.gang_id, now - limit, request.priority, request.priority, queued_at),
-        ):
-            other = _request(text)
-            if other.device_class != request.device_class:
-                continue
-            if other.team != request.team and grant.borrowed == 0:
-                continue
-            quota = admit(self.teams, other, view.held, view.waiting)
-            if isinstance(quota, Grant) or not quota.never:
-                return (
-                    f"devices of class {request.device_class} are reserved for {gang_id}, "
-                    f"which has waited {now - float(enqueued_at):.0f}s (reserve_after "
-                    f"{limit}s): gangs of its priority or lower start after it"
-                )
-        return None
+        blocked = quota_held_back(
+            self.teams, request, grant, ahead=ahead, held=view.held, waiting=view.waiting, now=now
+        )
+        if blocked is None:
+            return None
+        return (
+            f"quota of class {request.device_class} is "
+            f"{blocked.describe(now, self.teams.reserve_after_s or 0)}: it would no longer be "
+            "admitted with this gang running; gangs of its priority or lower start after it"
+        )
+
+    def _on_held_nodes(self, ahead: list[Reservation], now: float) -> str:
+        assert self.teams is not None
+        limit = self.teams.reserve_after_s or 0
+        held = "; ".join(f"{', '.join(r.nodes)} {r.describe(now, limit)}" for r in ahead if r.nodes)
+        return (
+            f"fits only on nodes held for a gang ahead of it: {held}; "
+            "gangs of its priority or lower start on the other nodes"
+        )
 
     def _make_room(
         self,
@@ -655,8 +733,11 @@ class LeaseLedger:
         view: _View,
         now: float,
         used: dict[str, set[int]] | None = None,
+        *,
+        held_nodes: frozenset[str] = frozenset(),
     ) -> str | None:
-        """Ask the gangs in the way to stop (checkpoint first); say whom it waits for."""
+        """Ask the gangs in the way to stop (checkpoint first); say whom it waits for.
+        Stopping gangs on ``held_nodes`` (held for a reserved gang ahead) does not help."""
         assert self.teams is not None
         pending = db.execute(
             "SELECT gang_id, deadline FROM evictions WHERE by_gang = ?", (request.gang_id,)
@@ -691,6 +772,8 @@ class LeaseLedger:
             for gang in gangs:
                 for node, device in claims.get(gang, ()):
                     free[node].discard(device)
+            if held_nodes:
+                free = without_nodes(self.inventory, free, held_nodes, request.device_class)
             return not isinstance(place(shrink_to(request, quota), self.inventory, free), Refusal)
 
         chosen = victims(teams, request, held, now=now, fits_without=fits_without)
@@ -720,6 +803,8 @@ class LeaseLedger:
         used: dict[str, set[int]],
         view: _View,
         now: float,
+        *,
+        booked: list[Reservation] | None = None,
     ) -> str | None:
         queued_at = now
         waiting: list[tuple[GangRequest, float]] = []
@@ -747,20 +832,28 @@ class LeaseLedger:
         held, demand = view.held, view.waiting
         # the asking gang first: on a tie it keeps its place (the sort is stable)
         order = queue_order(self.teams, [(request, queued_at), *waiting], held)
-        for other, _ in order:
+        for other, at in order:
             if other.gang_id == request.gang_id:
                 return None  # everyone after it in the queue waits behind it
-            candidate = other
+            candidate, granted = other, None
             if self.teams is not None:
                 quota = admit(self.teams, other, held, demand)
                 if not isinstance(quota, Grant):
                     continue
-                candidate = shrink_to(other, quota)
+                candidate, granted = shrink_to(other, quota), quota
             other_used = (
                 used
                 if other.device_class == request.device_class
                 else self._used(db, other.device_class)
             )
+            # A waiter that a reservation holds back (booked: on the asking gang's class)
+            # is not about to start, or only off the held nodes.
+            ahead = [r for r in booked or () if r.ahead_of(other, at)]
+            if ahead and granted is not None and other.device_class == request.device_class:
+                if self._held_back(other, granted, ahead, view, now) is not None:
+                    continue
+                fenced = {node for r in ahead for node in r.nodes}
+                other_used = without_nodes(self.inventory, other_used, fenced, other.device_class)
             if not isinstance(place(candidate, self.inventory, other_used), Refusal):
                 return other.gang_id
         return None

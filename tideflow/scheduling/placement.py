@@ -12,15 +12,19 @@ Policy, in the order it is applied:
     starts with the most workers that fit now, down to its minimum, as Kueue's
     partial admission does; it never waits for its full size while a smaller
     one would run.
+
+Nodes held for a reserved gang (``tideflow.scheduling.reservation``) are chosen
+here too (``nodes_to_hold``), and a gang kept off them is placed as if they were
+full (``without_nodes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from tideflow.inventory import Inventory, Node
-from tideflow.scheduling.model import GangRequest, Refusal, WorkerPlacement
+from tideflow.scheduling.model import DeviceClass, GangRequest, Refusal, WorkerPlacement
 
 
 def _free(node: Node, request: GangRequest, model: str | None, used: set[int]) -> list[int]:
@@ -140,3 +144,65 @@ def _place_exactly(
             placements.append(WorkerPlacement(rank, node.name, devices))
             rank += 1
     return tuple(placements)
+
+
+def nodes_to_hold(
+    request: GangRequest,
+    inventory: Inventory,
+    used: Mapping[str, set[int]],
+    *,
+    newer: Mapping[str, int],
+    leases: Mapping[str, int],
+    taken: Collection[str] = (),
+) -> tuple[str, ...]:
+    """The nodes a reserved gang will occupy: where it can start soonest.
+
+    Without run times, nodes rank by the devices ``newer`` leases hold there (those
+    started since the reservation began: the held set stays put while it drains),
+    then the most free devices, then the fewest ``leases`` to wait for, then name;
+    the first ones with room for all its workers (their whole capacity, as if empty)
+    are held. One model, as placement: without one named, the model whose nodes rank
+    best. () when the nodes left (not ``taken`` by an earlier reservation) cannot
+    hold it.
+    """
+    per = request.devices_per_worker
+    best: tuple[tuple[int, int, int, tuple[str, ...]], tuple[str, ...]] | None = None
+    models = [request.model] if request.model else inventory.models(request.device_class)
+    for model in models:
+        ranked = []
+        for node in inventory.nodes:
+            slots = node.offers(request.device_class, model) // per
+            if slots == 0 or node.name in taken:
+                continue
+            free = len(_free(node, request, model, used.get(node.name, set())))
+            rank = (newer.get(node.name, 0), -free, leases.get(node.name, 0), node.name)
+            ranked.append((rank, slots))
+        ranked.sort()
+        chosen: list[tuple[int, int, int, str]] = []
+        room = 0
+        for rank, slots in ranked:
+            if room >= request.workers:
+                break
+            chosen.append(rank)
+            room += slots
+        if room < request.workers:
+            continue
+        names = tuple(rank[3] for rank in chosen)
+        score = (sum(r[0] for r in chosen), sum(r[1] for r in chosen), len(chosen), names)
+        if best is None or score < best[0]:
+            best = (score, names)
+    return () if best is None else tuple(sorted(best[1]))
+
+
+def without_nodes(
+    inventory: Inventory,
+    used: Mapping[str, set[int]],
+    nodes: Collection[str],
+    device_class: DeviceClass,
+) -> dict[str, set[int]]:
+    """``used`` with every device of ``nodes`` taken: what a gang kept off them sees."""
+    fenced = {name: set(devices) for name, devices in used.items()}
+    for node in inventory.nodes:
+        if node.name in nodes:
+            fenced[node.name] = set(range(node.offers(device_class, None)))
+    return fenced
