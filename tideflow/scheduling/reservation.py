@@ -108,14 +108,29 @@ def reservations(
     demand = [request for request, _ in waiting]
     first: list[tuple[GangRequest, float]] = []
     teams_seen: set[str] = set()
+    # Admission reads the gang's shape, team and priority, not its name (its own
+    # waiting entry counts only as a lender's demand, and a team does not lend to
+    # itself): a thousand waiting gangs of a few shapes are judged a few times.
+    admitted: dict[tuple[object, ...], bool] = {}
     for request, at in sorted(waiting, key=lambda w: (-w[0].priority, w[1])):
         if request.device_class != device_class or request.team in teams_seen:
             continue
         if at > now - limit:
             continue
+        shape = (
+            request.team,
+            request.model,
+            request.workers,
+            request.devices_per_worker,
+            request.min_workers,
+            request.priority,
+            request.priority_class,
+        )
+        if shape not in admitted:
+            admitted[shape] = isinstance(admit(teams, request, held, demand), Grant)
         # A gang its quota does not admit now waits for its team's own gangs to end,
         # not for room on nodes: it reserves nothing (see the module's docstring).
-        if not isinstance(admit(teams, request, held, demand), Grant):
+        if not admitted[shape]:
             continue
         teams_seen.add(request.team)
         first.append((request, at))
