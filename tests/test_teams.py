@@ -410,6 +410,23 @@ def test_a_reservation_holds_nodes_and_its_team_backfills_the_others(
     assert acquire(ledger, big).nodes == ("gpu-8", "gpu-9")
 
 
+def test_another_teams_gang_behind_it_stays_off_the_held_nodes_one_ahead_does_not(
+    bank: tuple[LeaseLedger, Clock],
+) -> None:
+    ledger, clock = bank
+    _big_waits_for_nodes(ledger, clock)
+    # research is within its quota (24 of 30), but a gang of it queued after risk/big
+    # at its priority fits only on the held nodes: it waits until risk/big starts.
+    why = refused(ledger, shaped("research/four", "research", 1, 4)).reason
+    assert "gpu-8, gpu-9 reserved for risk/big" in why, why
+    assert acquire(ledger, shaped("research/two", "research", 1, 2)).nodes == ("gpu-0",)
+    # A gang of higher priority is ahead of risk/big: nothing is held against it.
+    urgent = GangRequest(
+        "research/urgent", "research", "gpu", None, 1, 4, priority=1000, priority_class="urgent"
+    )
+    assert acquire(ledger, urgent).nodes == ("gpu-8",)
+
+
 def test_a_reserved_gang_keeps_the_quota_it_needs(bank: tuple[LeaseLedger, Clock]) -> None:
     ledger, clock = bank
     _big_waits_for_nodes(ledger, clock)
