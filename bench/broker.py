@@ -62,6 +62,8 @@ LOTO_GRID: dict[str, tuple[float, ...]] = {
     "cooldown_s": (1800.0, 3600.0, 7200.0),
     "lend_horizon_s": (3600.0, 7200.0, 14400.0),
     "headroom": (0.0, 0.05, 0.1),
+    "lost_work_budget": (0.0075, 0.01, 0.0125),
+    "lost_work_low": (-0.1, -0.25, -0.5),
 }
 FRONTIER_TARGETS = (0.95, 0.98, 0.99, 0.995, 0.998)
 KEYS = (
@@ -282,10 +284,14 @@ def score(row: dict[str, Any]) -> float:
     return row["oracle_share"] if ok else row["oracle_share"] - 10
 
 
-def leave_one_trace_out(all_traces: list[Trace], jobs: dict[str, list[JobSpec]]) -> None:
+def leave_one_trace_out(
+    all_traces: list[Trace], jobs: dict[str, list[JobSpec]], keys: list[str] | None = None
+) -> None:
     """Each grid value on every trace; for each trace, the values chosen on the others."""
     variants: list[dict[str, float]] = [{}]
     for name, values in LOTO_GRID.items():
+        if keys and name not in keys:
+            continue
         default = getattr(SimulationConfig(policy="tidal"), name)
         variants += [{name: v} for v in values if v != default]
     table: dict[tuple[str, str], dict[str, Any]] = {}
@@ -345,6 +351,12 @@ def main() -> int:
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--loto", action="store_true", help="leave-one-trace-out parameter choice")
+    parser.add_argument(
+        "--loto-key",
+        action="append",
+        choices=sorted(LOTO_GRID),
+        help="with --loto: vary only these parameters (default: all)",
+    )
     mode.add_argument("--frontier", action="store_true", help="oracle share per SLO target")
     mode.add_argument(
         "--sweep",
@@ -365,7 +377,7 @@ def main() -> int:
         for t in chosen
     }
     if args.loto:
-        leave_one_trace_out(chosen, jobs)
+        leave_one_trace_out(chosen, jobs, args.loto_key)
         return 0
     rows = []
     for trace in chosen:

@@ -111,3 +111,44 @@ def test_the_simulator_reports_the_promise_and_keeps_it() -> None:
     assert metrics["slo_promised"] == pytest.approx(1 - (0.005 * scored + 10) / scored, abs=1e-4)
     assert metrics["calibration_saturated_windows"] == 0
     assert metrics["slo_attainment"] >= metrics["slo_promised"]
+
+
+def test_lost_work_under_budget_lends_more_and_over_budget_lends_less() -> None:
+    from tideflow.broker.calibrate import LostWorkBudget
+
+    budget = LostWorkBudget.for_cluster(0.01, total_gpus=200, low=-0.25)
+    day = 200 * 86400.0  # a day of the whole cluster, GPU-seconds
+    assert budget.margin(0.0, 0.0) == 0.0  # nothing done, nothing lost: the fixed bound
+    # a tenth of a day of training with nothing lost: the bound shrinks (more is lent) ...
+    assert budget.margin(0.0, 0.1 * day) == pytest.approx(-0.1)
+    assert budget.margin(0.0, 10 * day) == -0.25  # ... down to its floor
+    # a tenth of the work lost: the bound grows (less is lent), up to its ceiling
+    assert 0 < budget.margin(0.001 * day, 0.05 * day) < 0.5
+    assert budget.margin(0.1 * day, day) == 0.5
+    assert budget.saturated(0.1 * day, day) and not budget.saturated(0.0, day)
+    with pytest.raises(ValueError, match="0 < budget < 1"):
+        LostWorkBudget(0.0, 1.0)
+
+
+def test_the_simulator_lends_less_over_the_lost_work_budget_and_more_under_it() -> None:
+    """The same load and gangs with the lend bound fixed, with a budget it always
+    overspends (0.1%: it lends less, loses less work and reports the windows that void
+    the promise) and with one it never reaches (20%: it lends more, within the promise)."""
+    from tideflow.broker import SimulationConfig, SyntheticLoad, simulate, synthetic_jobs
+
+    load = SyntheticLoad(mean_rps=2000, seed=4)
+    jobs = synthetic_jobs(seed=2, total_gpus=200, horizon_s=4 * 86400)
+    runs = {}
+    for budget in (None, 0.001, 0.2):
+        config = SimulationConfig(policy="tidal", per_gpu_rps=25.0, lost_work_budget=budget)
+        runs[budget] = simulate(load, jobs, config, start_s=0, end_s=4 * 86400).metrics
+    fixed, tight, loose = runs[None], runs[0.001], runs[0.2]
+    assert "lost_work_promised_gpu_hours" not in fixed
+    assert tight["mean_inference_gpus"] > fixed["mean_inference_gpus"]
+    assert tight["lost_gpu_hours"] < fixed["lost_gpu_hours"]
+    assert tight["lost_gpu_hours"] > tight["lost_work_promised_gpu_hours"]
+    assert tight["lost_work_budget_saturated_windows"] > 0  # the promise is void, and says so
+    assert loose["mean_inference_gpus"] < fixed["mean_inference_gpus"]
+    assert loose["preemptions"] > fixed["preemptions"]
+    assert loose["lost_work_budget_saturated_windows"] == 0
+    assert loose["lost_gpu_hours"] <= loose["lost_work_promised_gpu_hours"]

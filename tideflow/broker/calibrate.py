@@ -75,3 +75,61 @@ def scaled(forecast: Forecast, margin: float) -> Forecast:
     if forecast.upper is None or margin == 0:
         return forecast
     return replace(forecast, upper=forecast.upper * math.exp(margin))
+
+
+@dataclass(frozen=True)
+class LostWorkBudget:
+    """Spend training's lost-work budget on lending, as the SLO calibration spends misses.
+
+    Operators state how much training work preemptions may cost ("at most 1% of
+    training GPU-hours"); how much lending that allows depends on the trace (how
+    often a lend has to be taken back). So the lend horizon's bound (what
+    inference keeps so that a lend is not taken back soon) is scaled by
+    ``exp(margin)``, with the margin proportional to the work lost so far beyond
+    the budget accrued so far: ``margin = (lost - budget * training) / scale``,
+    clipped to ``[low, high]``. Below budget the bound shrinks and more is lent;
+    over it the bound grows and less is lent. Only work already lost counts.
+
+    What it promises (``promised_lost``): while the margin is under ``high``,
+    ``lost - budget * training < high * scale``, so lost work stays within the
+    budget plus ``high * scale`` GPU-seconds. With ``scale`` a day of the whole
+    cluster's budget (``for_cluster``), that is half a day's budget: for 200
+    GPUs and a 0.75% budget, 18 GPU-hours over any run. At ``high`` (lending
+    already as cautious as it may be) the promise is void; those windows are
+    counted.
+    """
+
+    budget: float  # share of training GPU-time that preemptions may cost
+    scale_gpu_s: float  # a deficit of this many GPU-seconds moves the margin by 1
+    low: float = -0.5  # the lend bound is never scaled below exp(-0.5) = 0.61x ...
+    high: float = 0.5  # ... nor above exp(0.5) = 1.65x
+
+    def __post_init__(self) -> None:
+        if not 0 < self.budget < 1 or self.scale_gpu_s <= 0:
+            raise ValueError(
+                "lost-work budget: need 0 < budget < 1 and scale_gpu_s > 0 "
+                f"(got {self.budget}, {self.scale_gpu_s})"
+            )
+        if not self.low <= 0 <= self.high:
+            raise ValueError(f"need low <= 0 <= high (got {self.low}, {self.high})")
+
+    @classmethod
+    def for_cluster(
+        cls, budget: float, total_gpus: int, day_s: float = 86400.0, low: float = -0.5
+    ) -> LostWorkBudget:
+        """The scale is a day of the budget of the whole cluster."""
+        return cls(budget, budget * total_gpus * day_s, low=low)
+
+    def margin(self, lost_gpu_s: float, training_gpu_s: float) -> float:
+        """The lend bound's log-scale margin after ``lost_gpu_s`` lost of ``training_gpu_s``."""
+        deficit = lost_gpu_s - self.budget * training_gpu_s
+        return min(self.high, max(self.low, deficit / self.scale_gpu_s))
+
+    def saturated(self, lost_gpu_s: float, training_gpu_s: float) -> bool:
+        """Whether the margin is held at ``high`` (the promise is void)."""
+        return (lost_gpu_s - self.budget * training_gpu_s) / self.scale_gpu_s >= self.high
+
+    def promised_lost(self, training_gpu_s: float) -> float:
+        """The most GPU-seconds lost over ``training_gpu_s`` while the margin stays under
+        ``high``."""
+        return self.budget * training_gpu_s + self.high * self.scale_gpu_s

@@ -24,7 +24,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tideflow.broker.calibrate import SloCalibration, scaled
+from tideflow.broker.calibrate import LostWorkBudget, SloCalibration, scaled
 from tideflow.broker.cron import CronSchedule
 from tideflow.broker.forecast import Forecast, LoadForecaster, clean_outages
 from tideflow.broker.jobs import JobSpec
@@ -53,6 +53,10 @@ class SimulationConfig:
     # Scale the forecast's upper bound online to meet this SLO (None: uncalibrated).
     slo_target: float | None = 0.995
     elastic: bool = True  # shrink elastic gangs instead of stopping them (False: all rigid)
+    # Scale the lend horizon's bound online to spend this share of training GPU-time on
+    # preemptions (None: a fixed lend bound): under budget lend more, over it less.
+    lost_work_budget: float | None = 0.01
+    lost_work_low: float = -0.25  # under budget the lend bound shrinks to exp(-0.25) = 0.78x
 
     def static_gpus(self) -> int | None:
         if self.policy in ("tidal", "oracle") or self.cron_headroom() is not None:
@@ -201,6 +205,14 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     )
     margin = 0.0
     saturated = 0  # windows whose miss the margin could not answer (at its ceiling)
+    budget = (
+        LostWorkBudget.for_cluster(
+            config.lost_work_budget, config.total_gpus, low=config.lost_work_low
+        )
+        if config.lost_work_budget is not None and config.policy == "tidal"
+        else None
+    )
+    budget_saturated = 0  # windows lending was as cautious as the budget lets it be
     pending = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
     queue: list[_Job] = []  # submitted, not running, in submission order
     running: list[_Job] = []
@@ -238,6 +250,10 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 lend_forecast = forecaster.forecast(
                     history, now, policy_config.lend_horizon_s, policy_config.lend_quantile
                 )
+                if budget is not None:  # the work lost and done so far is known now
+                    trained = sum(busy)
+                    budget_saturated += budget.saturated(lost_gpu_s, trained)
+                    lend_forecast = scaled(lend_forecast, budget.margin(lost_gpu_s, trained))
             if config.policy == "oracle":
                 # Not a policy: the same decisions fed each window's true load, with no
                 # cooldown, to bound what any forecast could achieve on this trace.
@@ -357,6 +373,9 @@ def simulate(  # noqa: PLR0915 - one readable event loop
         promised = max(0.0, 1 - calibration.promised_misses(scored) / max(1, scored))
         metrics["slo_promised"] = round(promised, 5)  # void if any window was saturated
         metrics["calibration_saturated_windows"] = saturated
+    if budget is not None:
+        metrics["lost_work_promised_gpu_hours"] = round(budget.promised_lost(sum(busy)) / 3600, 1)
+        metrics["lost_work_budget_saturated_windows"] = budget_saturated
     return SimulationResult(config, metrics, windows)
 
 
