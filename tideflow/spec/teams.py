@@ -128,9 +128,11 @@ class BorrowingRule(SpecModel):
 class Scheduling(SpecModel):
     reserve_after: DurationSeconds | None = Field(
         default=1800,
-        description="A gang that has waited this long has devices reserved: no gang of "
-        "its priority or lower starts ahead of it on its device class, so smaller gangs "
-        "cannot starve it. null: never reserve.",
+        description="A gang that has waited this long, and that its quota admits, holds "
+        "the nodes where it can start soonest and its quota: gangs of its priority or "
+        "lower queued after it start on other nodes, so smaller gangs cannot starve it "
+        "of room. A gang still waiting for its team's quota reserves nothing. null: "
+        "never reserve.",
     )
     fair_sharing: bool = Field(
         default=True,
