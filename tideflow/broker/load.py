@@ -1,10 +1,16 @@
-"""Inference load sources: a trace file, a seeded synthetic diurnal generator, Prometheus.
+"""Inference load sources: a trace file, a seeded synthetic diurnal generator, Prometheus;
+and the serving side's latency signal, from Prometheus or a model.
 
-Every source answers the same question: the request rate per window over a
+Every load source answers the same question: the request rate per window over a
 time range. A window without a usable value (missing from the trace, zero,
 NaN, a failed scrape) is a *data gap* (``rate is None``), never "no load":
 the broker must not hand the inference pool to training because a metric
 went silent.
+
+A latency source (``ServingSignal``) answers, per window already served: the
+latency at the SLO's percentile (or the share of requests over the latency
+target), from which the broker learns its per-GPU throughput
+(``tideflow.broker.throughput``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import math
 import random
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -42,8 +49,9 @@ class LoadSource(Protocol):
         ...
 
 
-def _usable(value: float) -> float | None:
-    return value if math.isfinite(value) and value > 0 else None
+def _usable(value: float, *, zero: bool = False) -> float | None:
+    """The value, or None (a gap) when NaN, infinite, negative or (unless ``zero``) zero."""
+    return value if math.isfinite(value) and (value > 0 or (zero and value == 0)) else None
 
 
 class TraceLoad:
@@ -149,12 +157,19 @@ class PrometheusLoad:
     """
 
     def __init__(
-        self, base_url: str, query: str, *, window_s: float = 60.0, timeout_s: float = 10.0
+        self,
+        base_url: str,
+        query: str,
+        *,
+        window_s: float = 60.0,
+        timeout_s: float = 10.0,
+        zero_is_value: bool = False,  # a latency signal's share over target may be 0
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.query = query
         self.window_s = window_s
         self.timeout_s = timeout_s
+        self.zero_is_value = zero_is_value
 
     def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
         step = self.window_s
@@ -183,7 +198,73 @@ class PrometheusLoad:
         values: dict[int, float | None] = {}
         for stamp, text in result[0]["values"] if result else []:
             try:
-                values[round(float(stamp))] = _usable(float(text))
+                values[round(float(stamp))] = _usable(float(text), zero=self.zero_is_value)
             except ValueError:
                 values[round(float(stamp))] = None
         return [LoadSample(t, values.get(round(t))) for t in grid]
+
+
+@dataclass(frozen=True)
+class ServedWindow:
+    """A window inference served: its start, its request rate (None: a gap), its GPUs."""
+
+    start_s: float
+    rate: float | None
+    gpus: int
+
+
+class ServingSignal(Protocol):
+    def signals(self, windows: Sequence[ServedWindow]) -> list[float | None]:
+        """Per window, the serving side's latency signal (None: not measured)."""
+        ...
+
+
+class PrometheusSignal:
+    """A Prometheus range query giving, per window, the latency at the SLO's percentile
+    (e.g. ``histogram_quantile(0.99, sum by (le) (rate(..._bucket[10m])))``) or the
+    share of requests over the latency target. A failed scrape is a gap."""
+
+    def __init__(self, base_url: str, query: str, *, window_s: float) -> None:
+        self.series = PrometheusLoad(base_url, query, window_s=window_s, zero_is_value=True)
+
+    def signals(self, windows: Sequence[ServedWindow]) -> list[float | None]:
+        if not windows:
+            return []
+        first, last = min(w.start_s for w in windows), max(w.start_s for w in windows)
+        values = {
+            round(s.start_s): s.rate
+            for s in self.series.samples(first, last + self.series.window_s)
+        }
+        return [values.get(round(w.start_s)) for w in windows]
+
+
+@dataclass(frozen=True)
+class SyntheticLatency:
+    """A model of the serving side, for tests and demos (no serving system runs here).
+
+    Each GPU is a queue: its latency at the SLO's percentile grows as
+    ``1 / (service_rate - per_gpu_rate)`` (an M/M/1 queue's sojourn time is
+    exponential with that rate, so every percentile of it does), scaled so that it
+    equals ``slo_s`` exactly at ``capacity_rps`` per GPU, the true throughput the
+    broker should learn; above the service rate the queue overflows. Each window's
+    latency carries seeded log-normal noise (``noise``, per window).
+    """
+
+    capacity_rps: float
+    slo_s: float = 1.0
+    spare: float = 0.25  # the service rate is this share above capacity_rps
+    noise: float = 0.1
+    seed: int = 0
+    window_s: float = 600.0
+
+    def latency(self, start_s: float, per_gpu_rps: float) -> float:
+        service = self.capacity_rps * (1 + self.spare)
+        queueing = self.capacity_rps * self.spare / max(service - per_gpu_rps, 1e-9)
+        rng = random.Random(hash((self.seed, int(start_s // self.window_s), 1)))
+        return self.slo_s * min(queueing, 100.0) * math.exp(rng.gauss(0, self.noise))
+
+    def signals(self, windows: Sequence[ServedWindow]) -> list[float | None]:
+        return [
+            self.latency(w.start_s, w.rate / w.gpus) if w.rate and w.gpus > 0 else None
+            for w in windows
+        ]

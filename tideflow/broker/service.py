@@ -7,9 +7,11 @@ code, wherever the broker runs.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
@@ -23,11 +25,16 @@ from tideflow.broker.load import (
     LoadSource,
     LoadSourceError,
     PrometheusLoad,
+    PrometheusSignal,
+    ServedWindow,
+    ServingSignal,
+    SyntheticLatency,
     SyntheticLoad,
     TraceLoad,
 )
 from tideflow.broker.local import LocalActuator
 from tideflow.broker.policy import Decision, GangView, PolicyConfig, Snapshot, decide
+from tideflow.broker.throughput import Served, Throughput, ThroughputLearner, recorded
 
 
 class Actuator(Protocol):
@@ -52,6 +59,7 @@ class TenantActuator(Actuator, Protocol):
 BROKER_DAG_ID = "tideflow_broker"  # the Airflow DAG that runs the broker
 HISTORY_S = 8 * 86400.0
 CALIBRATION_S = 7 * 86400.0  # outcomes the SLO calibration replays
+LEARNING_S = 7 * 86400.0  # served windows the per-GPU throughput is learned from
 
 
 class PeriodicTrace:
@@ -98,6 +106,54 @@ def load_source_from(spec: str) -> LoadSource:
     )
 
 
+LATENCY_FORMS = (
+    "prometheus:URL|QUERY (the latency at the SLO's percentile, or the share of "
+    "requests over the latency target, per window) or synthetic:CAPACITY_RPS (a model "
+    "of the serving side whose true per-GPU throughput is CAPACITY_RPS, for demos)"
+)
+
+
+def latency_source_from(spec: str, window_s: float, slo_s: float) -> ServingSignal:
+    """``prometheus:URL|QUERY`` or ``synthetic:CAPACITY_RPS`` (``TIDEFLOW_BROKER_LATENCY``)."""
+    kind, _, value = spec.partition(":")
+    if kind == "prometheus" and "|" in value:
+        url, _, query = value.partition("|")
+        if url and query:
+            return PrometheusSignal(url, query, window_s=window_s)
+    if kind == "synthetic":
+        try:
+            capacity = float(value)
+        except ValueError:
+            capacity = 0.0
+        if capacity > 0 and math.isfinite(capacity) and slo_s > 0:
+            return SyntheticLatency(capacity, slo_s=slo_s, window_s=window_s)
+    raise LoadSourceError(
+        f"TIDEFLOW_BROKER_LATENCY={spec!r}: use {LATENCY_FORMS}"
+        + ("; synthetic needs TIDEFLOW_BROKER_LATENCY_SLO_S" if kind == "synthetic" else "")
+    )
+
+
+@dataclass(frozen=True)
+class ServedLoad:
+    """The load, with the serving side's latency signal beside it and the signal's limit
+    (the SLO): the broker then learns its per-GPU throughput (``learned_throughput``)."""
+
+    load: LoadSource
+    signal: ServingSignal
+    slo: float  # the signal's limit: seconds at the percentile, or the share over target
+
+    @property
+    def window_s(self) -> float:
+        return self.load.window_s
+
+    @property
+    def day_s(self) -> float:
+        return float(getattr(self.load, "day_s", 86400.0))
+
+    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
+        return self.load.samples(start_s, end_s)
+
+
 def day_scale(load: LoadSource) -> float:
     """How much shorter the load's day is than a real one (1: a real day)."""
     return float(getattr(load, "day_s", 86400.0)) / 86400.0
@@ -125,6 +181,9 @@ class BrokerSettings:
     device_class: str = "gpu"
     min_inference_gpus: int = 0
     grace_s: float = 300.0
+    latency: str = ""  # a latency source: learn the per-GPU throughput ("" : configured)
+    latency_slo_s: float = 0.0  # the source gives seconds at the SLO's percentile
+    latency_slo_share: float = 0.0  # the source gives the share of requests over target
 
     @classmethod
     def from_env(cls) -> BrokerSettings | None:
@@ -158,7 +217,58 @@ class BrokerSettings:
                 "tideflow broker settings: TIDEFLOW_BROKER_PER_GPU_RPS must be > 0 "
                 "(requests/s one inference GPU serves within its latency SLO)"
             )
-        return settings
+        return replace(settings, **latency_settings_from_env())
+
+    @property
+    def latency_slo(self) -> float:
+        return self.latency_slo_s or self.latency_slo_share
+
+
+def latency_settings_from_env() -> dict[str, Any]:
+    """``TIDEFLOW_BROKER_LATENCY`` and its SLO (exactly one of ``_SLO_S``, ``_SLO_SHARE``)."""
+    spec = os.environ.get("TIDEFLOW_BROKER_LATENCY", "")
+    limits: dict[str, float] = {}
+    for name, field_name, accepted, most in (
+        ("LATENCY_SLO_S", "latency_slo_s", "seconds > 0", math.inf),
+        ("LATENCY_SLO_SHARE", "latency_slo_share", "a share within (0, 1)", 1.0),
+    ):
+        text = os.environ.get(f"TIDEFLOW_BROKER_{name}", "")
+        if not text:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and 0 < value < most):
+            raise ValueError(
+                f"tideflow broker settings: TIDEFLOW_BROKER_{name}={text!r} must be {accepted}"
+            )
+        limits[field_name] = value
+    if not spec:
+        if limits:
+            raise ValueError(
+                "tideflow broker settings: "
+                + " and ".join(f"TIDEFLOW_BROKER_{n.upper()}" for n in limits)
+                + f" set without TIDEFLOW_BROKER_LATENCY ({LATENCY_FORMS})"
+            )
+        return {}
+    if len(limits) != 1:
+        raise ValueError(
+            f"tideflow broker settings: TIDEFLOW_BROKER_LATENCY={spec!r} needs exactly one "
+            "of TIDEFLOW_BROKER_LATENCY_SLO_S (the source gives the latency in seconds at "
+            "the SLO's percentile) or TIDEFLOW_BROKER_LATENCY_SLO_SHARE (the source gives "
+            "the share of requests over the latency target)"
+        )
+    latency_source_from(spec, 60.0, limits.get("latency_slo_s", 0.0))  # its form, checked now
+    return {"latency": spec, **limits}
+
+
+def served(settings: BrokerSettings, load: LoadSource) -> LoadSource:
+    """The load, with the latency source beside it when one is set."""
+    if not settings.latency:
+        return load
+    signal = latency_source_from(settings.latency, load.window_s, settings.latency_slo_s)
+    return ServedLoad(load, signal, settings.latency_slo)
 
 
 def policy_config(settings: BrokerSettings, total_gpus: int) -> PolicyConfig:
@@ -185,6 +295,60 @@ def coverage(entries: list[JournalEntry], window_s: float) -> list[bool]:
         if entry.needed is not None:
             outcomes[int(entry.at_s // window_s)] = before.inference_gpus >= entry.needed
     return [outcomes[k] for k in sorted(outcomes)]
+
+
+def served_windows(
+    load: LoadSource, entries: Sequence[JournalEntry], start_s: float, now_s: float
+) -> list[ServedWindow]:
+    """The load's complete windows in [start_s, now_s), each with the GPUs that served it.
+
+    A window's GPUs are the most inference held during it (the allocation the last
+    decision before it left, and any decided within it), so that its per-GPU rate is
+    never overstated; a window before the first decision journaled has none.
+    """
+    times = [e.at_s for e in entries]
+    out = []
+    for sample in load.samples(start_s, now_s):
+        end = sample.start_s + load.window_s
+        if end > now_s:
+            break
+        first = bisect.bisect_right(times, sample.start_s) - 1
+        last = bisect.bisect_left(times, end)
+        held = [e.inference_gpus for e in entries[max(first, 0) : last]] if first >= 0 else []
+        out.append(ServedWindow(sample.start_s, sample.rate, max(held, default=0)))
+    return out
+
+
+def learned_throughput(
+    load: LoadSource, config: PolicyConfig, journal: DecisionJournal, now_s: float
+) -> Throughput | None:
+    """The per-GPU throughput learned from the windows served (None: no latency source).
+
+    Replayed at every step from the journal (the GPUs held), the load and the latency
+    over the last ``LEARNING_S``, from the rate the journal's last decision says was
+    learned (the configured rate, ``config.per_gpu_rps``, when none was): evidence older
+    than that history keeps the estimate where it put it.
+    """
+    if not isinstance(load, ServedLoad):
+        return None
+    start = now_s - LEARNING_S * day_scale(load)
+    entries = journal.since(start - load.window_s)
+    carried = recorded(entries[-1].reason, config.per_gpu_rps) if entries else None
+    windows = served_windows(load, entries, start, now_s)
+    observations = [
+        Served(w.rate, w.gpus, signal)
+        for w, signal in zip(windows, load.signal.signals(windows), strict=True)
+    ]
+    return ThroughputLearner().learn(observations, config.per_gpu_rps, load.slo, carried)
+
+
+def with_learned_throughput(
+    load: LoadSource, config: PolicyConfig, journal: DecisionJournal, now_s: float
+) -> tuple[PolicyConfig, Throughput | None]:
+    learned = learned_throughput(load, config, journal, now_s)
+    if learned is None:
+        return config, None
+    return replace(config, per_gpu_rps=learned.rps), learned
 
 
 def observe(
@@ -224,7 +388,15 @@ def peek(
 ) -> Decision:
     """What the broker would decide now, without acting or recording (for sensors)."""
     now = time.time() if now_s is None else now_s
-    return decide(observe(load, actuator, config, journal, now), config)
+    config, learned = with_learned_throughput(load, config, journal, now)
+    return _noted(decide(observe(load, actuator, config, journal, now), config), learned)
+
+
+def _noted(decision: Decision, learned: Throughput | None) -> Decision:
+    """The decision, its reason saying which per-GPU throughput it was made with."""
+    if learned is None:
+        return decision
+    return replace(decision, reason=f"{decision.reason}; {learned.reason}")
 
 
 def within_inference_quota(
@@ -278,7 +450,7 @@ def open_local(
             f"tideflow broker: the inventory has no {settings.device_class} devices "
             "(set TIDEFLOW_CLUSTER_FILE to a cluster that has them)"
         )
-    load = load_source_from(settings.load)
+    load = served(settings, load_source_from(settings.load))
     config = on_the_loads_clock(policy_config(settings, total), load)
     config = within_inference_quota(config, actuator, settings)
     return load, actuator, config, DecisionJournal(journal_path)
@@ -292,7 +464,7 @@ def open_kubernetes(
     from tideflow.broker.kubernetes import KubernetesActuator, target_from_env
 
     actuator = KubernetesActuator(api_client, target_from_env(), grace_s=settings.grace_s)
-    load = load_source_from(settings.load)
+    load = served(settings, load_source_from(settings.load))
     config = on_the_loads_clock(policy_config(settings, actuator.total_gpus()), load)
     config = within_inference_quota(config, actuator, settings)
     return load, actuator, config, DecisionJournal(journal_path)
@@ -308,8 +480,9 @@ def rebalance_once(
     act: bool = True,
 ) -> tuple[Decision, Any]:
     now = time.time() if now_s is None else now_s
+    config, learned = with_learned_throughput(load, config, journal, now)
     snapshot = observe(load, actuator, config, journal, now)
-    decision = decide(snapshot, config)
+    decision = _noted(decide(snapshot, config), learned)
     applied = actuator.apply(decision) if act else None
     journal.record(
         now,

@@ -1,0 +1,333 @@
+"""The broker learns its per-GPU throughput from the serving side's latency.
+
+No serving system runs here, so the serving side is a model
+(``tideflow.broker.load.SyntheticLatency``): each GPU a queue whose latency at
+the SLO's percentile grows as 1 / (service rate - per-GPU rate), equal to the
+SLO exactly at a true per-GPU capacity, with seeded log-normal noise per
+window (about +-5% of the capacity at two sigma). It is replayed over the
+seeded synthetic diurnal load (with outage windows) with the broker's real
+forecaster, SLO calibration and ``decide`` every window; the learner sees
+only the windows already served, as the service does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from tideflow.broker.calibrate import SloCalibration, scaled
+from tideflow.broker.forecast import LoadForecaster, clean_outages
+from tideflow.broker.journal import DecisionJournal
+from tideflow.broker.load import LoadSourceError, ServedWindow, SyntheticLatency, SyntheticLoad
+from tideflow.broker.local import LocalActuator
+from tideflow.broker.policy import Action, PolicyConfig, Snapshot, decide
+from tideflow.broker.service import (
+    BrokerSettings,
+    ServedLoad,
+    learned_throughput,
+    rebalance_once,
+    served,
+)
+from tideflow.broker.throughput import Served, ThroughputLearner, recorded
+from tideflow.inventory import Inventory, Node
+from tideflow.scheduling import LeaseLedger
+
+TRUE_RPS = 25.0  # the model's per-GPU capacity at the latency SLO
+SLO_S = 1.0
+DAY = 144  # 10-minute windows
+LEARNER = ThroughputLearner()
+
+
+@dataclass
+class Replay:
+    """Per served window: its start, whether the latency SLO held, the GPUs, the estimate
+    the broker planned with and the per-GPU rate served."""
+
+    starts: list[float]
+    held: list[bool]
+    gpus: list[int]
+    estimates: list[float]
+    per_gpu: list[float]
+
+    def attainment(self, start: int = 0) -> float:
+        return sum(self.held[start:]) / len(self.held[start:])
+
+
+def replay(
+    factor: float,
+    *,
+    learn: bool = True,
+    days: int = 10,
+    capacity: Callable[[float], float] = lambda _t: TRUE_RPS,
+    outages: float = 0.02,
+) -> Replay:
+    """The broker planning at ``factor`` times the true throughput (learning it or not)."""
+    load = SyntheticLoad(mean_rps=1000.0, outage_probability=outages, seed=3)
+    raw = load.samples(0.0, days * 86400.0)
+    seen = clean_outages(raw)
+    configured = PolicyConfig(
+        total_gpus=160,
+        per_gpu_rps=TRUE_RPS * factor,
+        node_gpus=8,
+        headroom=0.05,
+        min_inference_gpus=8,
+        lead_s=600.0,
+    )
+    forecaster = LoadForecaster(600.0, quantile=0.99)
+    calibration, margin = SloCalibration(), 0.0
+    inference, last_lend, needed_before = 80, None, None
+    observations: list[Served] = []
+    out = Replay([], [], [], [], [])
+    estimate = configured.per_gpu_rps
+    for index, sample in enumerate(seen):
+        now = sample.start_s
+        if needed_before is not None:
+            margin = calibration.next(margin, inference >= needed_before)
+        if learn:  # as the service does: the last week, from the rate learned so far
+            start = estimate if estimate != configured.per_gpu_rps else None
+            estimate = LEARNER.learn(
+                observations[-7 * DAY :], configured.per_gpu_rps, SLO_S, start
+            ).rps
+        config = replace(configured, per_gpu_rps=estimate)
+        history = seen[max(0, index - 8 * DAY) : index]
+        decision = decide(
+            Snapshot(
+                now_s=now,
+                inference_gpus=inference,
+                measured_rps=seen[index - 1].rate if index else None,
+                forecast=scaled(forecaster.forecast(history, now, config.lead_s), margin),
+                idle_training_gpus=config.total_gpus - inference,
+                last_lend_s=last_lend,
+                lend_forecast=forecaster.forecast(
+                    history, now, config.lend_horizon_s, config.lend_quantile
+                ),
+            ),
+            config,
+        )
+        last_lend = now if decision.action == Action.LEND else last_lend
+        inference = decision.inference_gpus
+        rate = raw[index].rate
+        serving = SyntheticLatency(capacity(now), slo_s=SLO_S, window_s=600.0)
+        (latency,) = serving.signals([ServedWindow(now, rate, inference)])
+        observations.append(Served(rate, inference, latency))
+        needed_before = math.ceil(rate / config.per_gpu_rps) if rate else None
+        if rate and latency is not None:
+            out.starts.append(now)
+            out.held.append(latency <= SLO_S)
+            out.gpus.append(inference)
+            out.estimates.append(estimate)
+            out.per_gpu.append(rate / inference)
+    return out
+
+
+def test_a_throughput_set_too_high_breaks_the_slo_until_it_is_learned() -> None:
+    """Configured 1.3x the truth: without learning the latency SLO breaks in busy windows
+    every day; learning, the estimate comes down near the truth within a day and the SLO
+    holds from then on."""
+    blind = replay(1.3, learn=False)
+    assert blind.attainment(DAY) < 0.95  # the scenario is hard: without learning it fails
+    learning = replay(1.3)
+    assert 0.85 * TRUE_RPS <= learning.estimates[-1] <= 1.05 * TRUE_RPS
+    settled = next((i for i, e in enumerate(learning.estimates) if e <= 1.05 * TRUE_RPS), None)
+    assert settled is not None and settled <= DAY  # a bounded number of windows: a day
+    assert learning.attainment(settled) >= 0.985
+
+
+def test_a_throughput_set_too_low_rises_only_as_far_as_windows_held_show() -> None:
+    """Configured 0.7x the truth: every rise of the estimate is backed by windows that held
+    the SLO at that per-GPU rate, it never passes the truth by more than the noise, and
+    inference needs fewer GPUs than without learning while the SLO still holds."""
+    blind = replay(0.7, learn=False)
+    learning = replay(0.7)
+    highest_held = 0.0
+    for estimate, per_gpu, held in zip(
+        learning.estimates, learning.per_gpu, learning.held, strict=True
+    ):
+        assert estimate <= max(0.7 * TRUE_RPS, highest_held) + 1e-9
+        highest_held = max(highest_held, per_gpu) if held else highest_held
+    assert max(learning.estimates) <= 1.06 * TRUE_RPS
+    assert learning.estimates[-1] >= 1.1 * 0.7 * TRUE_RPS  # it did rise on the evidence
+    assert sum(learning.gpus) < sum(blind.gpus)
+    assert learning.attainment() >= 0.99
+
+
+def test_a_slower_model_version_is_followed_at_once() -> None:
+    """The true throughput drops from 25 to 18 rps per GPU on day 4 (a slower model): the
+    estimate follows within half a day and the SLO holds again after that."""
+    change = 4 * 86400.0
+    learning = replay(1.0, capacity=lambda t: TRUE_RPS if t < change else 18.0)
+    after = next(i for i, start in enumerate(learning.starts) if start >= change)
+    settled = next(
+        (i for i in range(after, len(learning.estimates)) if learning.estimates[i] <= 18.9), None
+    )
+    assert settled is not None and settled - after <= DAY // 2
+    assert 0.85 * 18.0 <= learning.estimates[-1] <= 1.05 * 18.0
+    assert learning.attainment(settled) >= 0.985
+
+
+def windows(per_gpu_rates: list[float], limit_rps: float, gpus: int = 10) -> list[Served]:
+    """Windows served at the given per-GPU rates, breaking the SLO above ``limit_rps``."""
+    return [Served(x * gpus, gpus, 2.0 if x > limit_rps else 0.5) for x in per_gpu_rates]
+
+
+def test_outages_and_missing_latency_teach_nothing() -> None:
+    history = windows([20.0] * 40 + [22.0, 23.0, 24.0], limit_rps=21.0)
+    gaps = [Served(None, 10, 0.5), Served(0.0, 10, 9.0), Served(200.0, 10, None)]
+    with_gaps = [w for window in history for w in (window, *gaps)]
+    plain = LEARNER.learn(history, 30.0, SLO_S)
+    assert plain.rps < 30.0
+    assert LEARNER.learn(with_gaps, 30.0, SLO_S) == plain
+    silent = LEARNER.learn(gaps * 100, 30.0, SLO_S)
+    assert (silent.rps, silent.windows) == (30.0, 0)
+    assert "0 of 36 windows" in silent.reason
+
+
+def test_the_configured_rate_holds_until_enough_windows_were_seen() -> None:
+    early = windows([20.0] * 10 + [25.0] * 10, limit_rps=21.0)
+    assert LEARNER.learn(early, 30.0, SLO_S).rps == 30.0
+    late = windows([20.0] * 30 + [25.0] * 10, limit_rps=21.0)
+    assert LEARNER.learn(late, 30.0, SLO_S).rps == pytest.approx(0.95 * 25.0)
+
+
+def test_one_noisy_window_moves_nothing_but_evidence_does() -> None:
+    """A single breach at a low rate (noise) does not lower the estimate, a second one
+    does; a single lucky window above it does not raise it, a second one does."""
+    steady = [Served(200.0, 10, 0.5)] * 40
+    one_breach = [*steady, Served(100.0, 10, 3.0)]
+    assert LEARNER.learn(one_breach, 25.0, SLO_S).rps == 25.0
+    two = LEARNER.learn([*one_breach, Served(150.0, 10, 3.0)], 25.0, SLO_S)
+    assert two.rps == pytest.approx(0.95 * 15.0)
+    assert two.reason == "per-GPU throughput learned 14.25 rps from 42 windows (was 25 configured)"
+    one_hold = [*steady, Served(300.0, 10, 0.5)]
+    assert LEARNER.learn(one_hold, 25.0, SLO_S).rps == 25.0
+    rose = LEARNER.learn([*one_hold, Served(280.0, 10, 0.5)], 25.0, SLO_S)
+    assert rose.rps == 28.0  # the lower of the two holds: the higher may be noise
+    never_above = LEARNER.learn([*steady] * 10, 25.0, SLO_S)
+    assert never_above.rps == 25.0  # nothing broke, nothing held above: no rise
+
+
+def test_a_share_over_target_is_a_signal_like_latency() -> None:
+    """The serving side may report the share of requests over the latency target; the
+    SLO then allows a share (here 1%) and 0 is a value, not a gap."""
+    shares = [Served(200.0, 10, 0.0)] * 40 + [Served(230.0, 10, 0.05)] * 2
+    learned = LEARNER.learn(shares, 25.0, 0.01)
+    assert learned.rps == pytest.approx(0.95 * 23.0)
+    assert learned.windows == 42
+
+
+def lab(tmp_path: Path, gpus: int) -> LocalActuator:
+    nodes = tuple(Node(f"n{i}", 8, "gpu", "T4", 1) for i in range(gpus))
+    ledger = LeaseLedger(tmp_path / "leases.db", Inventory("lab", nodes, declared=True))
+    return LocalActuator(ledger, None, node_gpus=1)
+
+
+def test_the_service_learns_from_its_journal_and_says_so(tmp_path: Path) -> None:
+    """The local broker with a latency source (the serving model at 10 rps per GPU) and
+    30 rps per GPU configured: the journal's reasons name the learned throughput, and
+    inference grows past what the configured rate asked for."""
+    settings = BrokerSettings(
+        load="synthetic:100",
+        per_gpu_rps=30.0,
+        node_gpus=1,
+        latency="synthetic:10",
+        latency_slo_s=1.0,
+    )
+    plain = SyntheticLoad(mean_rps=100.0)
+    load = served(settings, plain)
+    assert isinstance(load, ServedLoad)
+    actuator = lab(tmp_path, 24)
+    journal = DecisionJournal(tmp_path / "broker.db")
+    config = PolicyConfig(
+        total_gpus=24,
+        per_gpu_rps=30.0,
+        node_gpus=1,
+        headroom=0.05,
+        min_inference_gpus=1,
+        lead_s=600.0,
+    )
+    most = 0
+    for step in range(2 * DAY):
+        decision, _ = rebalance_once(load, actuator, config, journal, now_s=step * 600.0 + 1)
+        most = max(most, decision.inference_gpus)
+    last = journal.last()
+    assert last is not None
+    assert "per-GPU throughput learned" in last.reason
+    assert "(was 30 configured)" in last.reason
+    learned = learned_throughput(load, config, journal, 2 * DAY * 600.0 + 1)
+    assert learned is not None and learned.rps <= 1.15 * 10.0  # down from 30, near 10
+    assert most >= 150 / learned.rps  # the day's peak served at the learned rate
+    # Without a latency source the broker is as it was: the load itself, no note.
+    assert served(replace(settings, latency="", latency_slo_s=0.0), plain) is plain
+    assert learned_throughput(plain, config, journal, 0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"TIDEFLOW_BROKER_LATENCY": "prometheus:http://p|q"}, "needs exactly one of"),
+        (
+            {
+                "TIDEFLOW_BROKER_LATENCY": "prometheus:http://p|q",
+                "TIDEFLOW_BROKER_LATENCY_SLO_S": "-1",
+            },
+            "TIDEFLOW_BROKER_LATENCY_SLO_S='-1' must be seconds > 0",
+        ),
+        (
+            {
+                "TIDEFLOW_BROKER_LATENCY": "prometheus:http://p|q",
+                "TIDEFLOW_BROKER_LATENCY_SLO_SHARE": "5",
+            },
+            r"TIDEFLOW_BROKER_LATENCY_SLO_SHARE='5' must be a share within \(0, 1\)",
+        ),
+        ({"TIDEFLOW_BROKER_LATENCY_SLO_S": "0.5"}, "set without TIDEFLOW_BROKER_LATENCY"),
+        (
+            {"TIDEFLOW_BROKER_LATENCY": "grafana:x", "TIDEFLOW_BROKER_LATENCY_SLO_S": "0.5"},
+            r"TIDEFLOW_BROKER_LATENCY='grafana:x': use prometheus:URL\|QUERY",
+        ),
+        (
+            {
+                "TIDEFLOW_BROKER_LATENCY": "synthetic:10",
+                "TIDEFLOW_BROKER_LATENCY_SLO_SHARE": "0.01",
+            },
+            "synthetic needs TIDEFLOW_BROKER_LATENCY_SLO_S",
+        ),
+    ],
+)
+def test_latency_settings_are_checked_with_the_variable_named(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    monkeypatch.setenv("TIDEFLOW_BROKER_LOAD", "synthetic:100")
+    monkeypatch.setenv("TIDEFLOW_BROKER_PER_GPU_RPS", "25")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises((ValueError, LoadSourceError), match=message):
+        BrokerSettings.from_env()
+
+
+def test_latency_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDEFLOW_BROKER_LOAD", "synthetic:100")
+    monkeypatch.setenv("TIDEFLOW_BROKER_PER_GPU_RPS", "25")
+    settings = BrokerSettings.from_env()
+    assert settings is not None and settings.latency == ""
+    monkeypatch.setenv("TIDEFLOW_BROKER_LATENCY", "prometheus:http://prom:9090|p99")
+    monkeypatch.setenv("TIDEFLOW_BROKER_LATENCY_SLO_SHARE", "0.01")
+    settings = BrokerSettings.from_env()
+    assert settings is not None
+    assert (settings.latency, settings.latency_slo) == ("prometheus:http://prom:9090|p99", 0.01)
+
+
+def test_what_was_learned_outlives_the_history_it_was_learned_from() -> None:
+    """The service replays a week from the rate its journal last recorded: a week served
+    without breaches below the learned rate does not bring back the configured one (that
+    would be learning upward from the absence of breaches)."""
+    quiet_week = windows([15.0] * 1008, limit_rps=21.0)
+    assert LEARNER.learn(quiet_week, 30.0, SLO_S).rps == 30.0  # from nothing: configured
+    kept = LEARNER.learn(quiet_week, 30.0, SLO_S, start=19.95)
+    assert kept.rps == 19.95
+    assert recorded(kept.reason, 30.0) == 19.95
+    assert recorded(kept.reason, 40.0) is None  # a new configured rate starts afresh
+    assert recorded("per-GPU throughput 30 rps as configured: 3 of 36 windows", 30.0) is None
