@@ -64,6 +64,7 @@ LOTO_GRID: dict[str, tuple[float, ...]] = {
     "headroom": (0.0, 0.05, 0.1),
     "lost_work_budget": (0.0075, 0.01, 0.0125),
     "lost_work_low": (-0.1, -0.25, -0.5),
+    "lost_work_high": (0.0, 0.25, 0.5),
 }
 FRONTIER_TARGETS = (0.95, 0.98, 0.99, 0.995, 0.998)
 KEYS = (
@@ -406,7 +407,7 @@ def _number(text: str) -> Any:
             return kind(text)
         except ValueError:
             pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
 if __name__ == "__main__":

@@ -113,42 +113,47 @@ def test_the_simulator_reports_the_promise_and_keeps_it() -> None:
     assert metrics["slo_attainment"] >= metrics["slo_promised"]
 
 
-def test_lost_work_under_budget_lends_more_and_over_budget_lends_less() -> None:
+def test_lost_work_under_budget_lends_more_and_over_budget_the_bound_is_the_fixed_one() -> None:
     from tideflow.broker.calibrate import LostWorkBudget
 
-    budget = LostWorkBudget.for_cluster(0.01, total_gpus=200, low=-0.25)
+    budget = LostWorkBudget.for_cluster(0.01, total_gpus=200)
     day = 200 * 86400.0  # a day of the whole cluster, GPU-seconds
     assert budget.margin(0.0, 0.0) == 0.0  # nothing done, nothing lost: the fixed bound
     # a tenth of a day of training with nothing lost: the bound shrinks (more is lent) ...
     assert budget.margin(0.0, 0.1 * day) == pytest.approx(-0.1)
     assert budget.margin(0.0, 10 * day) == -0.25  # ... down to its floor
-    # a tenth of the work lost: the bound grows (less is lent), up to its ceiling
-    assert 0 < budget.margin(0.001 * day, 0.05 * day) < 0.5
-    assert budget.margin(0.1 * day, day) == 0.5
-    assert budget.saturated(0.1 * day, day) and not budget.saturated(0.0, day)
+    # over budget: the fixed bound, and the window is counted as over budget
+    assert budget.margin(0.01 * day, 0.5 * day) == 0.0
+    assert budget.saturated(0.01 * day, 0.5 * day) and not budget.saturated(0.0, day)
+    assert budget.lends_beyond_the_bound_under(day) == pytest.approx(0.01 * day)
+    # a brake (high > 0) holds more than the fixed bound over budget
+    brake = LostWorkBudget.for_cluster(0.01, total_gpus=200, high=0.5)
+    assert 0 < brake.margin(0.001 * day, 0.05 * day) < 0.5
+    assert brake.margin(0.1 * day, day) == 0.5
     with pytest.raises(ValueError, match="0 < budget < 1"):
         LostWorkBudget(0.0, 1.0)
+    with pytest.raises(ValueError, match="low <= 0 <= high"):
+        LostWorkBudget(0.01, 1.0, high=-0.1)
 
 
-def test_the_simulator_lends_less_over_the_lost_work_budget_and_more_under_it() -> None:
-    """The same load and gangs with the lend bound fixed, with a budget it always
-    overspends (0.1%: it lends less, loses less work and reports the windows that void
-    the promise) and with one it never reaches (20%: it lends more, within the promise)."""
+def test_the_simulator_lends_more_under_the_lost_work_budget_and_reports_it() -> None:
+    """The same load and gangs with the lend bound fixed, with a budget never reached
+    (20%: it lends more and preempts more) and with one spent at once (0.01%: the fixed
+    bound's decisions, every window after the first loss counted as over budget)."""
     from tideflow.broker import SimulationConfig, SyntheticLoad, simulate, synthetic_jobs
 
     load = SyntheticLoad(mean_rps=2000, seed=4)
     jobs = synthetic_jobs(seed=2, total_gpus=200, horizon_s=4 * 86400)
     runs = {}
-    for budget in (None, 0.001, 0.2):
+    for budget in (None, 0.0001, 0.2):
         config = SimulationConfig(policy="tidal", per_gpu_rps=25.0, lost_work_budget=budget)
         runs[budget] = simulate(load, jobs, config, start_s=0, end_s=4 * 86400).metrics
-    fixed, tight, loose = runs[None], runs[0.001], runs[0.2]
-    assert "lost_work_promised_gpu_hours" not in fixed
-    assert tight["mean_inference_gpus"] > fixed["mean_inference_gpus"]
-    assert tight["lost_gpu_hours"] < fixed["lost_gpu_hours"]
-    assert tight["lost_gpu_hours"] > tight["lost_work_promised_gpu_hours"]
-    assert tight["lost_work_budget_saturated_windows"] > 0  # the promise is void, and says so
+    fixed, spent, loose = runs[None], runs[0.0001], runs[0.2]
+    assert "lost_work_budget_gpu_hours" not in fixed
     assert loose["mean_inference_gpus"] < fixed["mean_inference_gpus"]
     assert loose["preemptions"] > fixed["preemptions"]
-    assert loose["lost_work_budget_saturated_windows"] == 0
-    assert loose["lost_gpu_hours"] <= loose["lost_work_promised_gpu_hours"]
+    assert loose["lost_work_over_budget_windows"] == 0
+    assert loose["lost_gpu_hours"] <= loose["lost_work_budget_gpu_hours"]
+    assert spent["lost_gpu_hours"] > spent["lost_work_budget_gpu_hours"]
+    assert spent["lost_work_over_budget_windows"] > 0.5 * spent["windows"]
+    assert abs(spent["mean_inference_gpus"] - fixed["mean_inference_gpus"]) < 2

@@ -57,6 +57,7 @@ class SimulationConfig:
     # preemptions (None: a fixed lend bound): under budget lend more, over it less.
     lost_work_budget: float | None = 0.01
     lost_work_low: float = -0.25  # under budget the lend bound shrinks to exp(-0.25) = 0.78x
+    lost_work_high: float = 0.0  # over budget: the fixed bound (> 0: a brake, holding more)
 
     def static_gpus(self) -> int | None:
         if self.policy in ("tidal", "oracle") or self.cron_headroom() is not None:
@@ -207,12 +208,15 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     saturated = 0  # windows whose miss the margin could not answer (at its ceiling)
     budget = (
         LostWorkBudget.for_cluster(
-            config.lost_work_budget, config.total_gpus, low=config.lost_work_low
+            config.lost_work_budget,
+            config.total_gpus,
+            low=config.lost_work_low,
+            high=config.lost_work_high,
         )
         if config.lost_work_budget is not None and config.policy == "tidal"
         else None
     )
-    budget_saturated = 0  # windows lending was as cautious as the budget lets it be
+    budget_saturated = 0  # windows over the lost-work budget (lending at the fixed bound)
     pending = sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
     queue: list[_Job] = []  # submitted, not running, in submission order
     running: list[_Job] = []
@@ -374,8 +378,10 @@ def simulate(  # noqa: PLR0915 - one readable event loop
         metrics["slo_promised"] = round(promised, 5)  # void if any window was saturated
         metrics["calibration_saturated_windows"] = saturated
     if budget is not None:
-        metrics["lost_work_promised_gpu_hours"] = round(budget.promised_lost(sum(busy)) / 3600, 1)
-        metrics["lost_work_budget_saturated_windows"] = budget_saturated
+        metrics["lost_work_budget_gpu_hours"] = round(
+            budget.lends_beyond_the_bound_under(sum(busy)) / 3600, 1
+        )
+        metrics["lost_work_over_budget_windows"] = budget_saturated
     return SimulationResult(config, metrics, windows)
 
 
