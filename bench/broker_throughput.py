@@ -1,0 +1,192 @@
+"""The broker's per-GPU throughput learned from the serving side, against a configured one.
+
+For each trace and each configured error (the per-GPU throughput set to 0.5x
+to 1.5x the truth), the broker is replayed twice in the same run, with and
+without learning (``tideflow.broker.throughput``), and scored on the latency
+SLO's attainment (windows whose latency held the SLO, of those with load)
+and the mean inference GPUs.
+
+The serving side is a model (``tideflow.broker.load.SyntheticLatency``: a
+queue per GPU whose latency at the SLO's percentile reaches the SLO exactly
+at the true per-GPU throughput, with seeded log-normal noise of 10% per
+window), since no serving system runs here. The broker's own forecaster, SLO
+calibration and ``decide`` run every window, and the learner sees only the
+windows already served, replaying the last week from the rate it learned
+before, as the service does. The cluster is sized so that the 0.5x broker's
+peak fits (the broker is never capped by the cluster).
+
+    .venv/bin/python bench/broker_throughput.py [--traces DIR] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tideflow.broker.calibrate import SloCalibration, scaled
+from tideflow.broker.forecast import LoadForecaster, clean_outages
+from tideflow.broker.load import (
+    LoadSource,
+    ServedWindow,
+    SyntheticLatency,
+    SyntheticLoad,
+    TraceLoad,
+)
+from tideflow.broker.policy import Action, PolicyConfig, Snapshot, decide
+from tideflow.broker.throughput import Served, ThroughputLearner
+
+TRACES = {"m-mid": ("servegen_m-mid.csv", 25.0), "m-large": ("servegen_m-large.csv", 3.0)}
+FACTORS = (0.5, 0.7, 1.0, 1.3, 1.5)
+SLO_S = 1.0
+WEEK = 7 * 144  # 10-minute windows
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    load: LoadSource
+    true_rps: float
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    attainment: float  # windows whose latency held the SLO, of those with load
+    attainment_after_day1: float
+    mean_gpus: float
+    final_rps: float
+
+
+def replay(case: Case, factor: float, *, learn: bool) -> Outcome:
+    """The broker planning at ``factor`` times the true throughput, learning it or not."""
+    step = case.load.window_s
+    raw = case.load.samples(case.start_s, case.end_s)
+    seen = clean_outages(raw)
+    peak = max(s.rate or 0.0 for s in raw)
+    node = 8
+    total = math.ceil(peak / case.true_rps / 0.5 * 1.1 / node) * node
+    configured = PolicyConfig(
+        total_gpus=total,
+        per_gpu_rps=case.true_rps * factor,
+        node_gpus=node,
+        headroom=0.05,
+        min_inference_gpus=node,
+        lead_s=step,
+    )
+    serving = SyntheticLatency(case.true_rps, slo_s=SLO_S, window_s=step)
+    learner = ThroughputLearner()
+    forecaster = LoadForecaster(step, quantile=0.99)
+    calibration, margin = SloCalibration(), 0.0
+    inference, last_lend, needed_before = total // 2, None, None
+    estimate = configured.per_gpu_rps
+    observations: list[Served] = []
+    held: list[bool] = []
+    gpus: list[int] = []
+    for index, sample in enumerate(seen):
+        now = sample.start_s
+        if needed_before is not None:
+            margin = calibration.next(margin, inference >= needed_before)
+        if learn:
+            start = estimate if estimate != configured.per_gpu_rps else None
+            estimate = learner.learn(observations[-WEEK:], configured.per_gpu_rps, SLO_S, start).rps
+        config = replace(configured, per_gpu_rps=estimate)
+        history = seen[max(0, index - 8 * 144) : index]
+        decision = decide(
+            Snapshot(
+                now_s=now,
+                inference_gpus=inference,
+                measured_rps=seen[index - 1].rate if index else None,
+                forecast=scaled(forecaster.forecast(history, now, config.lead_s), margin),
+                idle_training_gpus=total - inference,
+                last_lend_s=last_lend,
+                lend_forecast=forecaster.forecast(
+                    history, now, config.lend_horizon_s, config.lend_quantile
+                ),
+            ),
+            config,
+        )
+        last_lend = now if decision.action == Action.LEND else last_lend
+        inference = decision.inference_gpus
+        rate = raw[index].rate
+        (latency,) = serving.signals([ServedWindow(now, rate, inference)])
+        observations.append(Served(rate, inference, latency))
+        needed_before = math.ceil(rate / config.per_gpu_rps) if rate else None
+        if rate and latency is not None:
+            held.append(latency <= SLO_S)
+            gpus.append(inference)
+    return Outcome(
+        attainment=sum(held) / len(held),
+        attainment_after_day1=sum(held[144:]) / len(held[144:]),
+        mean_gpus=statistics.fmean(gpus),
+        final_rps=estimate,
+    )
+
+
+def cases(directory: Path) -> list[Case]:
+    out = []
+    for name, (file, true_rps) in TRACES.items():
+        trace = TraceLoad(directory / file)
+        out.append(Case(name, trace, true_rps, trace.start_s, trace.end_s))
+    synthetic = SyntheticLoad(mean_rps=1000.0, seed=3)
+    out.append(Case("synthetic", synthetic, 25.0, 0.0, 14 * 86400.0))
+    return out
+
+
+def compare(case: Case, factor: float) -> dict[str, float | str]:
+    blind = replay(case, factor, learn=False)
+    learning = replay(case, factor, learn=True)
+    return {
+        "trace": case.name,
+        "true_rps": case.true_rps,
+        "configured": factor,
+        "slo_without": blind.attainment,
+        "slo_learning": learning.attainment,
+        "slo_learning_after_day1": learning.attainment_after_day1,
+        "gpus_without": blind.mean_gpus,
+        "gpus_learning": learning.mean_gpus,
+        "gpus_ratio": learning.mean_gpus / blind.mean_gpus,
+        "learned": learning.final_rps / case.true_rps,
+    }
+
+
+def markdown(rows: list[dict[str, float | str]]) -> str:
+    lines = [
+        "| trace | configured | SLO without | SLO learning (after day 1) "
+        "| GPUs without | GPUs learning | GPUs ratio | learned at the end |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['trace']} | {r['configured']:.1f}x | {r['slo_without']:.2%} "
+            f"| {r['slo_learning']:.2%} ({r['slo_learning_after_day1']:.2%}) "
+            f"| {r['gpus_without']:.1f} | {r['gpus_learning']:.1f} | {r['gpus_ratio']:.2f} "
+            f"| {r['learned']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=Path, default=Path("../shared/data/traces"))
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    rows = []
+    for case in cases(args.traces):
+        for factor in FACTORS:
+            rows.append(compare(case, factor))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(markdown(rows) if args.markdown else json.dumps(rows, indent=2))
+    print(f"{time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
