@@ -62,6 +62,7 @@ class Outcome:
     attainment_after_day1: float
     mean_gpus: float
     final_rps: float
+    within_5pct_h: float | None  # hours until the estimate first came within 1.05x the truth
 
 
 def replay(case: Case, factor: float, *, learn: bool) -> Outcome:
@@ -89,6 +90,7 @@ def replay(case: Case, factor: float, *, learn: bool) -> Outcome:
     observations: list[Served] = []
     held: list[bool] = []
     gpus: list[int] = []
+    within: float | None = None
     for index, sample in enumerate(seen):
         now = sample.start_s
         if needed_before is not None:
@@ -96,6 +98,8 @@ def replay(case: Case, factor: float, *, learn: bool) -> Outcome:
         if learn:
             start = estimate if estimate != configured.per_gpu_rps else None
             estimate = learner.learn(observations[-WEEK:], configured.per_gpu_rps, SLO_S, start).rps
+        if within is None and estimate <= 1.05 * case.true_rps:
+            within = (now - case.start_s) / 3600
         config = replace(configured, per_gpu_rps=estimate)
         history = seen[max(0, index - 8 * 144) : index]
         decision = decide(
@@ -126,6 +130,7 @@ def replay(case: Case, factor: float, *, learn: bool) -> Outcome:
         attainment_after_day1=sum(held[144:]) / len(held[144:]),
         mean_gpus=statistics.fmean(gpus),
         final_rps=estimate,
+        within_5pct_h=within,
     )
 
 
@@ -139,7 +144,7 @@ def cases(directory: Path) -> list[Case]:
     return out
 
 
-def compare(case: Case, factor: float) -> dict[str, float | str]:
+def compare(case: Case, factor: float) -> dict[str, float | str | None]:
     blind = replay(case, factor, learn=False)
     learning = replay(case, factor, learn=True)
     return {
@@ -153,21 +158,23 @@ def compare(case: Case, factor: float) -> dict[str, float | str]:
         "gpus_learning": learning.mean_gpus,
         "gpus_ratio": learning.mean_gpus / blind.mean_gpus,
         "learned": learning.final_rps / case.true_rps,
+        "within_5pct_h": learning.within_5pct_h if factor > 1.05 else None,
     }
 
 
-def markdown(rows: list[dict[str, float | str]]) -> str:
+def markdown(rows: list[dict[str, float | str | None]]) -> str:
     lines = [
         "| trace | configured | SLO without | SLO learning (after day 1) "
-        "| GPUs without | GPUs learning | GPUs ratio | learned at the end |",
-        "|---|---|---|---|---|---|---|---|",
+        "| GPUs without | GPUs learning | GPUs ratio | learned at the end | within 1.05x after |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        hours = r["within_5pct_h"]
         lines.append(
             f"| {r['trace']} | {r['configured']:.1f}x | {r['slo_without']:.2%} "
             f"| {r['slo_learning']:.2%} ({r['slo_learning_after_day1']:.2%}) "
             f"| {r['gpus_without']:.1f} | {r['gpus_learning']:.1f} | {r['gpus_ratio']:.2f} "
-            f"| {r['learned']:.2f}x |"
+            f"| {r['learned']:.2f}x | {'' if hours is None else f'{hours:.1f} h'} |"
         )
     return "\n".join(lines)
 
@@ -178,7 +185,7 @@ def main() -> int:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = []
+    rows: list[dict[str, float | str | None]] = []
     for case in cases(args.traces):
         for factor in FACTORS:
             rows.append(compare(case, factor))
