@@ -7,7 +7,9 @@ SLO exactly at a true per-GPU capacity, with seeded log-normal noise per
 window (about +-5% of the capacity at two sigma). It is replayed over the
 seeded synthetic diurnal load (with outage windows) with the broker's real
 forecaster, SLO calibration and ``decide`` every window; the learner sees
-only the windows already served, as the service does.
+only the windows already served, as the service does. The Prometheus latency
+source is read from the canned ``query_range`` answers of
+``tests/test_broker_load.py``'s small HTTP server (no Prometheus runs here).
 """
 
 from __future__ import annotations
@@ -19,10 +21,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_broker_load import _PrometheusAnswers, prometheus
 from tideflow.broker.calibrate import SloCalibration, scaled
 from tideflow.broker.forecast import LoadForecaster, clean_outages
-from tideflow.broker.journal import DecisionJournal
-from tideflow.broker.load import LoadSourceError, ServedWindow, SyntheticLatency, SyntheticLoad
+from tideflow.broker.journal import DecisionJournal, JournalEntry
+from tideflow.broker.load import (
+    LoadSample,
+    LoadSourceError,
+    PrometheusSignal,
+    ServedWindow,
+    SyntheticLatency,
+    SyntheticLoad,
+)
 from tideflow.broker.local import LocalActuator
 from tideflow.broker.policy import Action, PolicyConfig, Snapshot, decide
 from tideflow.broker.service import (
@@ -31,10 +41,13 @@ from tideflow.broker.service import (
     learned_throughput,
     rebalance_once,
     served,
+    served_windows,
 )
 from tideflow.broker.throughput import Served, ThroughputLearner, recorded
 from tideflow.inventory import Inventory, Node
 from tideflow.scheduling import LeaseLedger
+
+__all__ = ["prometheus"]  # the fixture shared with the load source tests
 
 TRUE_RPS = 25.0  # the model's per-GPU capacity at the latency SLO
 SLO_S = 1.0
@@ -331,3 +344,51 @@ def test_what_was_learned_outlives_the_history_it_was_learned_from() -> None:
     assert recorded(kept.reason, 30.0) == 19.95
     assert recorded(kept.reason, 40.0) is None  # a new configured rate starts afresh
     assert recorded("per-GPU throughput 30 rps as configured: 3 of 36 windows", 30.0) is None
+
+
+class _Steps:
+    """A load of fixed windows, for the GPUs-per-window join."""
+
+    window_s = 600.0
+
+    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
+        first = math.ceil(start_s / 600) * 600
+        return [LoadSample(t, 100.0) for t in range(int(first), int(end_s), 600)]
+
+
+def decided(at_s: float, gpus: int) -> JournalEntry:
+    return JournalEntry(at_s, "hold", gpus, 16, 100.0, 100.0, 4, 4, False, (), "", "")
+
+
+def test_a_window_is_served_by_the_most_gpus_inference_held_in_it() -> None:
+    """Decisions come every 5 minutes, windows last 10: a window counts the most GPUs held
+    during it (its per-GPU rate never overstated); before the first decision, none; the
+    window still running is left out."""
+    entries = [decided(300, 4), decided(900, 8), decided(1500, 6), decided(2100, 6)]
+    assert served_windows(_Steps(), entries, 0.0, 2500.0) == [
+        ServedWindow(0.0, 100.0, 0),  # nothing journaled before 300 s: inference unknown
+        ServedWindow(600.0, 100.0, 8),  # 4 from 300 s, then 8 from 900 s
+        ServedWindow(1200.0, 100.0, 8),  # 8, then 6 from 1500 s
+        ServedWindow(1800.0, 100.0, 6),  # the window from 2400 s still runs: left out
+    ]
+
+
+def test_latency_from_prometheus_keeps_zero_and_drops_nan(
+    prometheus: type[_PrometheusAnswers],
+) -> None:
+    """The share over target is often exactly 0: a value, not a gap; NaN and missing
+    steps are gaps."""
+    prometheus.answers.append(
+        {
+            "status": "success",
+            "data": {
+                "resultType": "matrix",
+                "result": [{"metric": {}, "values": [[60, "0.8"], [120, "0"], [180, "NaN"]]}],
+            },
+        }
+    )
+    signal = PrometheusSignal(prometheus.base, "p99_latency", window_s=60)  # type: ignore[attr-defined]
+    windows = [ServedWindow(t, 50.0, 4) for t in (60.0, 120.0, 180.0, 240.0)]
+    assert signal.signals(windows) == [0.8, 0.0, None, None]
+    (query,) = prometheus.queries
+    assert query["query"] == ["p99_latency"] and query["step"] == ["60s"]
