@@ -333,6 +333,20 @@ def test_latency_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     assert (settings.latency, settings.latency_slo) == ("prometheus:http://prom:9090|p99", 0.01)
 
 
+def test_replaying_what_was_already_counted_leaves_the_estimate() -> None:
+    """The service replays its week at every step from the rate it last recorded, so
+    windows already counted are counted again: that must not move the estimate."""
+    served_week = replay(1.3, days=4)
+    observations = [
+        Served(x * g, g, 0.5 if held else 2.0)
+        for x, g, held in zip(served_week.per_gpu, served_week.gpus, served_week.held, strict=True)
+    ]
+    for end in range(40, len(observations), 13):
+        once = LEARNER.learn(observations[:end], 1.3 * TRUE_RPS, SLO_S)
+        again = LEARNER.learn(observations[:end], 1.3 * TRUE_RPS, SLO_S, start=once.rps)
+        assert again.rps == once.rps
+
+
 def test_what_was_learned_outlives_the_history_it_was_learned_from() -> None:
     """The service replays a week from the rate its journal last recorded: a week served
     without breaches below the learned rate does not bring back the configured one (that

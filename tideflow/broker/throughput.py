@@ -29,8 +29,9 @@ configured rate when nothing was learned before):
 * **Gaps teach nothing**: windows without a rate (an outage, zero, None),
   without GPUs or without a signal are skipped, neither breach nor hold.
 * **Configured until seen**: the configured rate holds until ``min_windows``
-  usable windows were seen; windows older than ``memory`` usable windows are
-  forgotten, so a changed capacity is followed.
+  usable windows were seen (unless a learned rate is carried in); windows
+  older than ``memory`` usable windows are forgotten by the rules above, so
+  a changed capacity is followed.
 
 It is a pure function of the observations and the rate it starts from (no
 clock, no state kept between calls), so the service replays it at every step
@@ -38,9 +39,10 @@ from its journal and the load and latency history, as it does the SLO
 calibration, starting from the rate its journal's last decision records
 (``recorded``): evidence that aged out of the history still holds the
 estimate where it put it, since a rate is never raised for want of breaches.
-Replaying evidence already counted changes nothing: each rule sets the
-estimate from the windows' rates, not by a step from where it stands, and no
-hold replayed can lift it past a breach the replay holds.
+Replaying evidence already counted leaves the estimate where it was (each
+rule sets it from windows' rates, not by a step from where it stands, and no
+hold replayed lifts it past a breach the replay holds; the tests check it on
+a replayed week).
 
 What it assumes about the serving system, and what breaks it:
 
@@ -54,13 +56,14 @@ What it assumes about the serving system, and what breaks it:
 * The per-GPU throughput is stable over ``memory`` windows. A change in the
   request mix (longer prompts) or a new model version is a new throughput; a
   slower one is followed at once (its breaches), a faster one only as far as
-  windows served above the estimate show it.
+  windows served above the estimate show it, and only once the slower one's
+  breaches left the history replayed (the service's week).
 * The load is spread evenly over the GPUs counted for the window (the
   service counts the most GPUs inference held during the window, so a
   window's per-GPU rate is never overstated).
 * Windows above the estimate are rare when the broker plans at the estimate
-  (its forecast misses, whole-node rounding), so an estimate set too low
-  rises slowly; it is never raised by extrapolating a latency curve.
+  (only where its forecast falls short), so an estimate set too low rises
+  slowly; it is never raised by extrapolating a latency curve.
 """
 
 from __future__ import annotations
