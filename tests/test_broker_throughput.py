@@ -276,6 +276,8 @@ def test_the_service_learns_from_its_journal_and_says_so(tmp_path: Path) -> None
     # Without a latency source the broker is as it was: the load itself, no note.
     assert served(replace(settings, latency="", latency_slo_s=0.0), plain) is plain
     assert learned_throughput(plain, config, journal, 0.0) is None
+    with pytest.raises(ValueError, match="needs exactly one of latency_slo_s"):
+        served(replace(settings, latency_slo_s=0.0), plain)
 
 
 @pytest.mark.parametrize(

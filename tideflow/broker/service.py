@@ -267,6 +267,12 @@ def served(settings: BrokerSettings, load: LoadSource) -> LoadSource:
     """The load, with the latency source beside it when one is set."""
     if not settings.latency:
         return load
+    if not (settings.latency_slo_s > 0) ^ (settings.latency_slo_share > 0):
+        raise ValueError(
+            f"tideflow broker settings: latency {settings.latency!r} needs exactly one of "
+            "latency_slo_s (TIDEFLOW_BROKER_LATENCY_SLO_S) or latency_slo_share "
+            "(TIDEFLOW_BROKER_LATENCY_SLO_SHARE) > 0"
+        )
     signal = latency_source_from(settings.latency, load.window_s, settings.latency_slo_s)
     return ServedLoad(load, signal, settings.latency_slo)
 
