@@ -257,3 +257,88 @@ def test_a_compressed_synthetic_day_is_the_same_day_faster() -> None:
     for bad in ("synthetic:100@60", "synthetic:100@day", "synthetic:x"):
         with pytest.raises(LoadSourceError, match="DAY_S >= 144"):
             load_source_from(bad)
+
+
+class _PrometheusRangeRules(http.server.BaseHTTPRequestHandler):
+    """``/api/v1/query_range`` with the rules Prometheus applies to its parameters
+    (prometheus/prometheus web/api/v1/api.go, ``queryRange``): more than 11,000 steps
+    between start and end is a 400 ``bad_data``, as is a query that does not parse (here:
+    one containing ``((``). A good query answers one series, value ``t / 60`` at each step.
+    A model of the API's contract, not Prometheus: no Prometheus server runs here."""
+
+    queries: list[dict[str, list[str]]] = []
+
+    def _answer(self, code: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+        self.queries.append(query)
+        start, end = float(query["start"][0]), float(query["end"][0])
+        step = float(query["step"][0].removesuffix("s"))
+        if "((" in query["query"][0]:
+            error = 'invalid parameter "query": 1:3: parse error: unexpected "("'
+            return self._answer(400, {"status": "error", "errorType": "bad_data", "error": error})
+        if (end - start) / step > 11000:
+            error = (
+                "exceeded maximum resolution of 11,000 points per timeseries. "
+                "Try decreasing the query resolution (?step=XX)"
+            )
+            return self._answer(400, {"status": "error", "errorType": "bad_data", "error": error})
+        values = []
+        t = start
+        while t <= end:
+            values.append([t, str(t / 60)])
+            t += step
+        result = [{"metric": {}, "values": values}]
+        self._answer(200, {"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def prometheus_rules() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PrometheusRangeRules)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _PrometheusRangeRules.queries = []
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_brokers_history_at_60s_steps_is_read_within_prometheus_resolution_limit(
+    prometheus_rules: str,
+) -> None:
+    """The broker reads 8 days of history (``service.HISTORY_S``) at the source's step:
+    11,520 steps of 60 s, over Prometheus's 11,000. Asked as one range, every window
+    would be a gap, and a broker whose metric is silent never lends."""
+    from tideflow.broker.service import HISTORY_S
+
+    load = PrometheusLoad(prometheus_rules, "sum(rate(requests_total[1m]))", window_s=60)
+    history = load.samples(0, HISTORY_S)
+    assert len(history) == HISTORY_S // 60
+    assert [s.rate for s in history] == [s.start_s / 60 or None for s in history]
+    asked = _PrometheusRangeRules.queries
+    assert len(asked) >= 2
+    for query in asked:
+        span = float(query["end"][0]) - float(query["start"][0])
+        assert span / 60 <= 11000
+
+
+def test_a_query_prometheus_refuses_is_an_error_not_a_silent_metric(
+    prometheus_rules: str,
+) -> None:
+    """A 400 from Prometheus is the query's fault and stays one until someone fixes it:
+    an error naming Prometheus's reason, not gaps (which would keep every GPU on
+    inference, silently)."""
+    load = PrometheusLoad(prometheus_rules, "sum((rate(x[1m]))", window_s=60)
+    with pytest.raises(LoadSourceError, match=r"Prometheus answered .*parse error"):
+        load.samples(0, 600)

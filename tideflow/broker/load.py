@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import random
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
@@ -150,6 +151,9 @@ class SyntheticLoad:
         return [LoadSample(first + i * step, self.rate_at(first + i * step)) for i in range(count)]
 
 
+MAX_STEPS = 11000  # steps Prometheus answers in one range query
+
+
 class PrometheusLoad:
     """A Prometheus range query (``/api/v1/query_range``) giving requests/s.
 
@@ -176,17 +180,38 @@ class PrometheusLoad:
         first = math.ceil(start_s / step) * step
         count = max(0, math.ceil((end_s - first) / step))
         grid = [first + i * step for i in range(count)]
-        if not grid:
-            return []
+        values: dict[int, float | None] = {}
+        # Prometheus refuses a range of more than MAX_STEPS steps (web/api/v1/api.go,
+        # queryRange): the broker's week of history at 60 s is more, so it is asked
+        # in parts.
+        for at in range(0, len(grid), MAX_STEPS):
+            part = grid[at : at + MAX_STEPS]
+            answered = self._range(part[0], part[-1])
+            if answered is None:
+                return [LoadSample(t, None) for t in grid]  # unreachable: gaps, never zeros
+            values.update(answered)
+        return [LoadSample(t, values.get(round(t))) for t in grid]
+
+    def _range(self, start_s: float, end_s: float) -> dict[int, float | None] | None:
+        """One range query's values by second; None when Prometheus cannot be reached or
+        fails on its side (a gap). A query it refuses (HTTP 400, 422) is an error."""
+        step = self.window_s
         params = urllib.parse.urlencode(
-            {"query": self.query, "start": grid[0], "end": grid[-1], "step": f"{step:g}s"}
+            {"query": self.query, "start": start_s, "end": end_s, "step": f"{step:g}s"}
         )
         url = f"{self.base_url}/api/v1/query_range?{params}"
         try:
             with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
                 body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (400, 422):
+                return None  # Prometheus's own trouble (503, 504...): the metric is silent
+            try:
+                body = json.loads(exc.read())
+            except ValueError:
+                body = {"error": f"HTTP {exc.code} {exc.reason}"}
         except (OSError, ValueError):
-            return [LoadSample(t, None) for t in grid]  # unreachable: all gaps, never zeros
+            return None
         if body.get("status") != "success":
             raise LoadSourceError(f"{url}: Prometheus answered {body.get('error', body)!r}")
         result = body.get("data", {}).get("result", [])
@@ -201,7 +226,7 @@ class PrometheusLoad:
                 values[round(float(stamp))] = _usable(float(text), zero=self.zero_is_value)
             except ValueError:
                 values[round(float(stamp))] = None
-        return [LoadSample(t, values.get(round(t))) for t in grid]
+        return values
 
 
 @dataclass(frozen=True)
