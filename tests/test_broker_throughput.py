@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -376,17 +377,61 @@ def decided(at_s: float, gpus: int) -> JournalEntry:
     return JournalEntry(at_s, "hold", gpus, 16, 100.0, 100.0, 4, 4, False, (), "", "")
 
 
-def test_a_window_is_served_by_the_most_gpus_inference_held_in_it() -> None:
-    """Decisions come every 5 minutes, windows last 10: a window counts the most GPUs held
-    during it (its per-GPU rate never overstated); before the first decision, none; the
-    window still running is left out."""
+def test_a_window_counts_only_when_inference_held_the_same_gpus_through_it() -> None:
+    """Decisions come every 5 minutes, windows last 10: a window whose GPUs changed within
+    it teaches nothing (its latency mixes two allocations); before the first decision,
+    nothing; the window still running is left out."""
     entries = [decided(300, 4), decided(900, 8), decided(1500, 6), decided(2100, 6)]
     assert served_windows(_Steps(), entries, 0.0, 2500.0) == [
         ServedWindow(0.0, 100.0, 0),  # nothing journaled before 300 s: inference unknown
-        ServedWindow(600.0, 100.0, 8),  # 4 from 300 s, then 8 from 900 s
-        ServedWindow(1200.0, 100.0, 8),  # 8, then 6 from 1500 s
+        ServedWindow(600.0, 100.0, 0),  # 4 from 300 s, then 8 from 900 s
+        ServedWindow(1200.0, 100.0, 0),  # 8, then 6 from 1500 s
         ServedWindow(1800.0, 100.0, 6),  # the window from 2400 s still runs: left out
     ]
+    # Settled: the GPUs must also have been held this long before the window.
+    entries = [decided(0, 4), decided(300, 4), decided(900, 8), decided(1500, 8)]
+    assert [w.gpus for w in served_windows(_Steps(), entries, 0.0, 3000.0, 600.0)] == [
+        0,  # nothing journaled 600 s before it
+        0,  # 4, then 8 from 900 s
+        0,  # 8 since 900 s, but 4 within the 600 s before it
+        8,
+        8,
+    ]
+
+
+class _LaggingLatency:
+    """A p99 over the last 10 minutes (the docstring's example query), served at 60 s
+    steps: it breaks while any minute of the ten was over the true capacity."""
+
+    def __init__(self, gpus_at: Any, rate: float, capacity: float) -> None:
+        self.gpus_at, self.rate, self.capacity = gpus_at, rate, capacity
+
+    def __call__(self, t: float) -> float:
+        minutes = [s for s in range(int(t) - 540, int(t) + 60, 60) if s >= 0]
+        return 1.5 if any(self.rate / self.gpus_at(s) > self.capacity for s in minutes) else 0.6
+
+
+def test_breaches_from_before_a_grow_are_not_charged_to_the_gpus_after_it() -> None:
+    """The broker grows 16 -> 24 GPUs when latency breaks; a latency signal over the last
+    10 minutes keeps breaking for 10 minutes after, at a per-GPU rate (7.5) below the
+    true capacity (10). Those windows must not teach that capacity is 7.5."""
+
+    class Minutes:
+        window_s = 60.0
+
+        def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
+            first = math.ceil(start_s / 60) * 60
+            return [LoadSample(t, 180.0) for t in range(int(first), int(end_s), 60)]
+
+    def gpus_at(t: float) -> int:
+        return 16 if t < 600 else 24
+
+    latency = _LaggingLatency(gpus_at, 180.0, 10.0)
+    entries = [decided(t, gpus_at(t)) for t in range(0, 3600, 60)]
+    windows = served_windows(Minutes(), entries, 0.0, 3600.0, 900.0)
+    observations = [Served(w.rate, w.gpus, latency(w.start_s)) for w in windows]
+    learned = ThroughputLearner().learn(observations, 10.0, 1.0, start=10.0)
+    assert learned.rps >= 10.0
 
 
 def test_latency_from_prometheus_keeps_zero_and_drops_nan(

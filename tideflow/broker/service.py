@@ -60,6 +60,10 @@ BROKER_DAG_ID = "tideflow_broker"  # the Airflow DAG that runs the broker
 HISTORY_S = 8 * 86400.0
 CALIBRATION_S = 7 * 86400.0  # outcomes the SLO calibration replays
 LEARNING_S = 7 * 86400.0  # served windows the per-GPU throughput is learned from
+# A latency signal describes the minutes before it (a quantile over rate(...[10m])), and
+# replicas serve only after they start: a window counts only when inference held the
+# same GPUs through it and this long before it.
+LATENCY_SETTLE_S = 900.0
 
 
 class PeriodicTrace:
@@ -304,13 +308,19 @@ def coverage(entries: list[JournalEntry], window_s: float) -> list[bool]:
 
 
 def served_windows(
-    load: LoadSource, entries: Sequence[JournalEntry], start_s: float, now_s: float
+    load: LoadSource,
+    entries: Sequence[JournalEntry],
+    start_s: float,
+    now_s: float,
+    settle_s: float = 0.0,
 ) -> list[ServedWindow]:
     """The load's complete windows in [start_s, now_s), each with the GPUs that served it.
 
     A window's GPUs are the most inference held during it (the allocation the last
     decision before it left, and any decided within it), so that its per-GPU rate is
-    never overstated; a window before the first decision journaled has none.
+    never overstated. A window has none (it teaches nothing) before the first decision
+    journaled, and when the GPUs held changed within ``settle_s`` before it or during
+    it: its latency may still describe the allocation before.
     """
     times = [e.at_s for e in entries]
     out = []
@@ -318,10 +328,11 @@ def served_windows(
         end = sample.start_s + load.window_s
         if end > now_s:
             break
-        first = bisect.bisect_right(times, sample.start_s) - 1
+        first = bisect.bisect_right(times, sample.start_s - settle_s) - 1
         last = bisect.bisect_left(times, end)
-        held = [e.inference_gpus for e in entries[max(first, 0) : last]] if first >= 0 else []
-        out.append(ServedWindow(sample.start_s, sample.rate, max(held, default=0)))
+        held = [e.inference_gpus for e in entries[first:last]] if first >= 0 else []
+        steady = len(set(held)) == 1
+        out.append(ServedWindow(sample.start_s, sample.rate, held[0] if steady else 0))
     return out
 
 
@@ -340,7 +351,8 @@ def learned_throughput(
     start = now_s - LEARNING_S * day_scale(load)
     entries = journal.since(start - load.window_s)
     carried = recorded(entries[-1].reason, config.per_gpu_rps) if entries else None
-    windows = served_windows(load, entries, start, now_s)
+    settle = max(load.window_s, LATENCY_SETTLE_S * day_scale(load))
+    windows = served_windows(load, entries, start, now_s, settle)
     observations = [
         Served(w.rate, w.gpus, signal)
         for w, signal in zip(windows, load.signal.signals(windows), strict=True)
