@@ -280,6 +280,9 @@ class _PrometheusRangeRules(http.server.BaseHTTPRequestHandler):
         self.queries.append(query)
         start, end = float(query["start"][0]), float(query["end"][0])
         step = float(query["step"][0].removesuffix("s"))
+        if "heavy" in query["query"][0]:  # an execution error (api.go: errorExec -> 422)
+            error = "query processing would load too many samples into memory in query execution"
+            return self._answer(422, {"status": "error", "errorType": "execution", "error": error})
         if "((" in query["query"][0]:
             error = 'invalid parameter "query": 1:3: parse error: unexpected "("'
             return self._answer(400, {"status": "error", "errorType": "bad_data", "error": error})
@@ -342,3 +345,13 @@ def test_a_query_prometheus_refuses_is_an_error_not_a_silent_metric(
     load = PrometheusLoad(prometheus_rules, "sum((rate(x[1m]))", window_s=60)
     with pytest.raises(LoadSourceError, match=r"Prometheus answered .*parse error"):
         load.samples(0, 600)
+
+
+def test_a_query_prometheus_fails_to_execute_is_a_gap_not_an_error(
+    prometheus_rules: str,
+) -> None:
+    """A 422 is Prometheus failing to run a valid query now (too many samples while it is
+    loaded, duplicate series during a rollout): the metric is silent for now, which the
+    broker survives (it holds), rather than an error that stops it."""
+    load = PrometheusLoad(prometheus_rules, "histogram_quantile(0.99, heavy)", window_s=60)
+    assert load.samples(0, 180) == [LoadSample(t, None) for t in (0, 60, 120)]

@@ -194,7 +194,8 @@ class PrometheusLoad:
 
     def _range(self, start_s: float, end_s: float) -> dict[int, float | None] | None:
         """One range query's values by second; None when Prometheus cannot be reached or
-        fails on its side (a gap). A query it refuses (HTTP 400, 422) is an error."""
+        fails to execute the query (a gap). A query it refuses as bad (HTTP 400) is an
+        error: it stays wrong until someone fixes it (web/api/v1/api.go, errorBadData)."""
         step = self.window_s
         params = urllib.parse.urlencode(
             {"query": self.query, "start": start_s, "end": end_s, "step": f"{step:g}s"}
@@ -204,8 +205,10 @@ class PrometheusLoad:
             with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            if exc.code not in (400, 422):
-                return None  # Prometheus's own trouble (503, 504...): the metric is silent
+            if exc.code != 400:
+                # 422 is a query Prometheus could not execute now (too many samples, a
+                # rollout's duplicate series), 5xx its own trouble: the metric is silent.
+                return None
             try:
                 body = json.loads(exc.read())
             except ValueError:
