@@ -498,3 +498,35 @@ def test_the_kubernetes_brokers_policy_moves_within_what_the_tenant_may_hold(
             tmp_path / "broker.db",
             fake.client(BROKER),
         )
+
+
+def test_an_inference_quota_the_broker_cannot_hold_is_refused_at_open(
+    fake: KubeFake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inference's quota declared for a model the broker's pool is not (here A100, the
+    pool H100) gives it a ceiling of 0: rather than hand every inference node to
+    training, the broker refuses to start, naming what to declare."""
+    from tideflow.broker.service import BrokerSettings, open_kubernetes
+
+    path = teams_file(tmp_path)
+    Cluster(fake, path)
+    path.write_text(
+        TEAMS.replace(
+            "{name: inference, quota: [{device: gpu, model: H100, nominal: 16}]}",
+            "{name: inference, quota: [{device: gpu, model: A100, nominal: 16}]}",
+        ).replace(
+            "teams:\n",
+            "  - name: a100\n    count: 2\n    cpu: 96\n    memory: 1Ti\n"
+            "    accelerators: {class: gpu, model: A100, count: 8}\nteams:\n",
+        )
+    )
+    for name, value in {
+        "TIDEFLOW_K8S_NAMESPACE": NS,
+        "TIDEFLOW_K8S_QUEUE_KIND": "kueue",
+        "TIDEFLOW_K8S_KUEUE_FLAVOR": "h100",
+        "TIDEFLOW_CLUSTER_FILE": str(path),
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = BrokerSettings(load="synthetic:100", per_gpu_rps=10.0)
+    with pytest.raises(ValueError, match=r"holds no whole node of 8 GPU\(s\).*quota 0"):
+        open_kubernetes(settings, tmp_path / "broker.db", fake.client(BROKER))

@@ -431,6 +431,15 @@ def within_inference_quota(
         return config
     node = settings.node_gpus
     most = actuator.capacity() // node * node
+    if most == 0:
+        # A quota declared only for another model, or below one node, would cap the
+        # broker at nothing and hand every inference node to training.
+        raise ValueError(
+            f"tideflow broker: team inference's {settings.device_class} quota in the "
+            f"cluster file holds no whole node of {node} GPU(s) for the devices the broker "
+            f"moves (quota {actuator.capacity()}); declare inference a quota of at least "
+            f"{node} for the class, or for the model of the pool's nodes"
+        )
     if most < settings.min_inference_gpus:
         raise ValueError(
             f"tideflow broker: team inference's {settings.device_class} quota in the "
