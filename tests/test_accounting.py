@@ -544,3 +544,50 @@ def test_a_ledger_written_before_models_keeps_its_rows_their_model_unknown(
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
     risk = [(r["model"], float(r["device_hours"])) for r in rows if r["team"] == "risk"]
     assert risk == [("", 2.0), ("H100", 1.0)]
+
+
+def _open_at_once(path: str, cluster: str, barrier: object, errors: object) -> None:
+    barrier.wait()  # type: ignore[attr-defined]
+    try:
+        LeaseLedger(Path(path), load_cluster(Path(cluster)))
+    except Exception as exc:  # the test reports any failure to open
+        errors.put(repr(exc))  # type: ignore[attr-defined]
+
+
+def test_processes_opening_an_old_ledger_at_once_all_upgrade_it(tmp_path: Path) -> None:
+    """The scheduler, workers and triggerer open the ledger together after an upgrade:
+    each reads the usage table's columns and adds the missing one, so without one
+    transaction around both, all but one fail ('duplicate column name'). Six processes,
+    released together by a barrier, over 15 fresh old ledgers."""
+    import multiprocessing
+    import sqlite3
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: lab}\nnodes:\n"
+        "  - {name: h100, count: 1, cpu: 8, accelerators: {class: gpu, model: H100, count: 2}}\n"
+    )
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    for round_ in range(15):
+        path = tmp_path / f"leases-{round_}.db"
+        with sqlite3.connect(path) as db:
+            db.execute("PRAGMA journal_mode=WAL")  # as every tideflow ledger is
+            db.executescript(OLD_USAGE_TABLE)
+        barrier = context.Barrier(6)
+        workers = [
+            context.Process(target=_open_at_once, args=(str(path), str(cluster), barrier, errors))
+            for _ in range(6)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        assert all(worker.exitcode == 0 for worker in workers)
+        with sqlite3.connect(path) as db:
+            columns = [row[1] for row in db.execute("PRAGMA table_info(usage)")]
+        assert columns.count("model") == 1
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert found == []

@@ -235,11 +235,21 @@ def _shape(reason: object) -> str:
 
 
 def _add_columns(db: sqlite3.Connection) -> None:
+    """Add the columns a ledger written by an older tideflow lacks.
+
+    Processes that open it together after an upgrade (scheduler, workers, triggerer)
+    may all find a column missing: the first adds it and the others find it added.
+    """
     for table, columns in _ADDED_COLUMNS.items():
         have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
         for name, kind in columns:
-            if name not in have:
+            if name in have:
+                continue
+            try:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column name" not in str(exc):
+                    raise
 
 
 class _View(NamedTuple):
