@@ -8,8 +8,9 @@ are that team's quota, for the local actuator and the Kubernetes one alike:
 * what it lends is inference's idle quota, which other teams borrow under the
   rules whose lender is ``inference``;
 * growing back is the lender's reclaim (``tideflow.scheduling.quota``): only
-  gangs that borrow inference's quota are stopped, each with its rule's grace,
-  and a gang within its own team's quota never is.
+  gangs that borrow inference's quota are stopped (and, as for any team, gangs
+  borrowing past their rule's ``auto_return_timeout``), each with its rule's
+  grace, and a gang within its own team's quota never is.
 
 Locally the lease ledger keeps who borrows what and runs the reclaim. A cluster
 keeps no such record, so ``borrowers`` replays the teams' admission over the
