@@ -462,3 +462,48 @@ def test_nodes_held_for_a_reserved_gang_are_where_it_starts_soonest() -> None:
     fenced = without_nodes(inventory, used, ("a-1", "a-2"), "gpu")
     assert fenced["a-1"] == set(range(8)) and fenced["a-0"] == used["a-0"]
     assert isinstance(place(six, inventory, fenced), Refusal)
+
+
+def test_a_reservation_does_not_hold_a_node_that_a_lease_ahead_of_it_will_keep(
+    tmp_path: Path,
+) -> None:
+    """The broker's inference reservations (non-preemptible, ahead of every gang, held
+    for as long as inference needs them) never drain for a waiting gang: a node they
+    claim is no place to hold, however many devices it has free. Held there, the large
+    gang would wait as long as inference keeps the node."""
+    from tideflow.inventory import load_cluster
+    from tideflow.scheduling.quota import Held, Teams
+    from tideflow.scheduling.reservation import Claim, reservations
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: lab}\nnodes:\n"
+        "  - {name: a, count: 3, cpu: 32, accelerators: {class: gpu, model: H100, count: 8}}\n"
+        "teams:\n  - {name: risk, quota: [{device: gpu, nominal: 16}]}\n"
+        "scheduling: {reserve_after: 30m}\n"
+    )
+    inventory = load_cluster(path)
+    teams = Teams.of(inventory)
+    assert teams is not None
+    # a-0: one device held by the broker's inference (outside the quotas); a-1, a-2:
+    # full of risk's small gangs, which end when they end.
+    held = [
+        Held("broker/inference/a-0", "inference", "gpu", None, 1, 1_000_000, False, 0.0),
+        *(Held(f"risk/small-{i}", "risk", "gpu", None, 4, 0, True, 0.0) for i in range(4)),
+    ]
+    claims = [Claim("a-0", "l-inference", 0.0, 1_000_000, preemptible=False)] + [
+        Claim(f"a-{1 + i // 2}", f"l-small-{i}", 0.0, 0) for i in range(4) for _ in range(4)
+    ]
+    used = {"a-0": {0}, "a-1": set(range(8)), "a-2": set(range(8))}
+    big = GangRequest("risk/big", "risk", "gpu", None, 1, 8)
+    (found,) = reservations(
+        teams,
+        inventory,
+        "gpu",
+        waiting=[(big, 0.0)],
+        held=held,
+        used=used,
+        claims=claims,
+        now=3600.0,
+    )
+    assert found.nodes in (("a-1",), ("a-2",))

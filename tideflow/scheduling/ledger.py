@@ -678,10 +678,11 @@ class LeaseLedger:
         if limit is None or not any(at <= now - limit for at in view.enqueued_at):
             return []
         claims = [
-            Claim(str(node), str(lease_id), float(at))
-            for node, lease_id, at in db.execute(
-                "SELECT c.node, c.lease_id, l.acquired_at FROM claims c "
-                "JOIN leases l USING (lease_id) WHERE c.device_class = ? ORDER BY c.node",
+            Claim(str(node), str(lease_id), float(at), int(priority), bool(preemptible))
+            for node, lease_id, at, priority, preemptible in db.execute(
+                "SELECT c.node, c.lease_id, l.acquired_at, l.priority, l.preemptible "
+                "FROM claims c JOIN leases l USING (lease_id) WHERE c.device_class = ? "
+                "ORDER BY c.node",
                 (device_class,),
             )
         ]

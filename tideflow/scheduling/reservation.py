@@ -28,6 +28,9 @@ the nodes that offer the class by the devices of leases started since the
 reservation began (normally none: nothing behind it lands there, so the choice
 stays put while the nodes drain), then most free devices, then fewest leases to
 wait for, then name; it holds the first ones that have room for all its workers.
+A node claimed by a lease ahead of it that nothing may stop (the broker's
+inference reservations) is never held: it drains only when that lease's owner
+lets it go.
 
 Who is held back: only gangs *behind* it (lower priority, or the same priority
 and queued later); a gang ahead of it never waits for it.
@@ -88,6 +91,8 @@ class Claim:
     node: str
     lease_id: str
     acquired_at: float
+    priority: int = 0  # its lease's
+    preemptible: bool = True
 
 
 def reservations(
@@ -140,17 +145,22 @@ def reservations(
         since = at + limit
         newer: dict[str, int] = {}
         leases: dict[str, set[str]] = {}
+        kept: set[str] = set()
         for claim in claims:
             leases.setdefault(claim.node, set()).add(claim.lease_id)
             if claim.acquired_at > since:
                 newer[claim.node] = newer.get(claim.node, 0) + 1
+            # A lease ahead of the gang that nothing may stop (the broker's inference
+            # reservations) keeps its node as long as it needs it: no place to hold.
+            if not claim.preemptible and claim.priority > request.priority:
+                kept.add(claim.node)
         nodes = nodes_to_hold(
             request,
             inventory,
             used,
             newer=newer,
             leases={node: len(ids) for node, ids in leases.items()},
-            taken=taken,
+            taken=taken | kept,
         )
         taken.update(nodes)
         found.append(Reservation(request, at, since, nodes))
