@@ -460,6 +460,18 @@ def test_whom_a_gang_borrows_from_is_the_teams_admission_replayed_in_start_order
     assert [(e.gang_id, e.grace_s) for e in growth.evictions] == [("nlp-more", 45.0)]
 
 
+def broker_environment(monkeypatch: pytest.MonkeyPatch, cluster_file: Path) -> None:
+    """What ``tideflow broker run --backend kubernetes`` reads: the Kueue training queue's
+    flavor in the test's namespace, and the cluster file."""
+    for name, value in {
+        "TIDEFLOW_K8S_NAMESPACE": NS,
+        "TIDEFLOW_K8S_QUEUE_KIND": "kueue",
+        "TIDEFLOW_K8S_KUEUE_FLAVOR": "h100",
+        "TIDEFLOW_CLUSTER_FILE": str(cluster_file),
+    }.items():
+        monkeypatch.setenv(name, value)
+
+
 def test_the_kubernetes_brokers_policy_moves_within_what_the_tenant_may_hold(
     fake: KubeFake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -471,13 +483,7 @@ def test_the_kubernetes_brokers_policy_moves_within_what_the_tenant_may_hold(
 
     path = teams_file(tmp_path)
     Cluster(fake, path)
-    for name, value in {
-        "TIDEFLOW_K8S_NAMESPACE": NS,
-        "TIDEFLOW_K8S_QUEUE_KIND": "kueue",
-        "TIDEFLOW_K8S_KUEUE_FLAVOR": "h100",
-        "TIDEFLOW_CLUSTER_FILE": str(path),
-    }.items():
-        monkeypatch.setenv(name, value)
+    broker_environment(monkeypatch, path)
     settings = BrokerSettings(load="synthetic:100", per_gpu_rps=10.0, min_inference_gpus=0)
 
     _, actuator, config, _ = open_kubernetes(settings, tmp_path / "broker.db", fake.client(BROKER))
@@ -520,13 +526,7 @@ def test_an_inference_quota_the_broker_cannot_hold_is_refused_at_open(
             "    accelerators: {class: gpu, model: A100, count: 8}\nteams:\n",
         )
     )
-    for name, value in {
-        "TIDEFLOW_K8S_NAMESPACE": NS,
-        "TIDEFLOW_K8S_QUEUE_KIND": "kueue",
-        "TIDEFLOW_K8S_KUEUE_FLAVOR": "h100",
-        "TIDEFLOW_CLUSTER_FILE": str(path),
-    }.items():
-        monkeypatch.setenv(name, value)
+    broker_environment(monkeypatch, path)
     settings = BrokerSettings(load="synthetic:100", per_gpu_rps=10.0)
     with pytest.raises(ValueError, match=r"holds no whole node of 8 GPU\(s\).*quota 0"):
         open_kubernetes(settings, tmp_path / "broker.db", fake.client(BROKER))
