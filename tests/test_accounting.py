@@ -591,3 +591,32 @@ def test_processes_opening_an_old_ledger_at_once_all_upgrade_it(tmp_path: Path) 
     while not errors.empty():
         found.append(errors.get())
     assert found == []
+
+
+def test_a_lease_ended_by_a_process_that_does_not_know_its_nodes_keeps_its_model(
+    tmp_path: Path,
+) -> None:
+    """A gang that named no model is placed on a node by a worker that knows the
+    cluster file; the lease expires while a reader opened with another inventory (a
+    shell's `tideflow usage` without the cluster file: this machine's devices only)
+    reads the ledger. The usage row still names its model: it is recorded when the
+    lease is placed, by the process that placed it."""
+    day = Day(tmp_path)
+    day.cluster.write_text(TWO_MODELS)
+    placer = LeaseLedger(day.home / "leases.db", load_cluster(day.cluster), clock=lambda: day.now)
+    day.at(0)
+    loose = placer.try_acquire(
+        GangRequest("det/run1/train", "vision", "gpu", None, 2, 1, 100), "test", HOUR
+    )
+    assert isinstance(loose, Lease) and loose.model is None
+    (placed,) = [n.model for n in placer.inventory.nodes if n.name == loose.placements[0].node]
+    elsewhere = tmp_path / "this-machine.yaml"
+    elsewhere.write_text(
+        "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: laptop}\nnodes:\n"
+        "  - {name: laptop, count: 1, cpu: 8}\n"
+    )
+    reader = LeaseLedger(day.home / "leases.db", load_cluster(elsewhere), clock=lambda: day.now)
+    day.at(1.5)  # the loose gang's lease has expired; the reader is the one to end it
+    spans = {s.gang_id: s for s in reader.usage_spans(T0, day.now)}
+    assert placed is not None
+    assert (spans["det/run1/train"].ended_by, spans["det/run1/train"].model) == ("expired", placed)

@@ -75,7 +75,8 @@ CREATE TABLE IF NOT EXISTS leases (
     min_workers INTEGER,
     borrowed INTEGER NOT NULL DEFAULT 0,
     lender TEXT,
-    priority_class TEXT
+    priority_class TEXT,
+    granted_model TEXT
 );
 CREATE TABLE IF NOT EXISTS claims (
     node TEXT NOT NULL,
@@ -134,6 +135,8 @@ _ADDED_COLUMNS = {
         ("borrowed", "INTEGER NOT NULL DEFAULT 0"),
         ("lender", "TEXT"),
         ("priority_class", "TEXT"),
+        # the model of the nodes it was placed on, by the process that placed it
+        ("granted_model", "TEXT"),
     ),
     "usage": (
         ("borrowed", "INTEGER NOT NULL DEFAULT 0"),
@@ -528,6 +531,10 @@ class LeaseLedger:
                     lease.lender,
                     lease.priority_class,
                 ),
+            )
+            db.execute(
+                "UPDATE leases SET granted_model = ? WHERE lease_id = ?",
+                (self._placed_model(lease), lease.lease_id),
             )
             db.executemany(
                 "INSERT INTO claims VALUES (?, ?, ?, ?)",
@@ -979,13 +986,24 @@ class LeaseLedger:
             self._expire(db, self.clock())
             return {str(g): str(r) for g, r in db.execute("SELECT gang_id, reason FROM waiting")}
 
-    def _granted_model(self, lease: Lease) -> str | None:
+    def _placed_model(self, lease: Lease) -> str | None:
         """The model of the devices a lease holds: the one its gang asked for, else its
-        nodes' (a gang never mixes models); None on the CPU."""
+        nodes' in this process's inventory (a gang never mixes models); None on the CPU."""
         if lease.model is not None or lease.device_class == "cpu" or not lease.placements:
             return lease.model
         first = lease.placements[0].node
         return next((n.model for n in self.inventory.nodes if n.name == first), None)
+
+    def _granted_model(self, db: sqlite3.Connection, lease: Lease) -> str | None:
+        """The model recorded when the lease was placed (by the process that placed it:
+        a reader opened with another inventory, which may end the lease, does not know
+        its nodes), else what this process's inventory says."""
+        row = db.execute(
+            "SELECT granted_model FROM leases WHERE lease_id = ?", (lease.lease_id,)
+        ).fetchone()
+        if row is not None and row[0] is not None:
+            return str(row[0])
+        return self._placed_model(lease)
 
     def _record_usage(
         self,
@@ -1010,7 +1028,7 @@ class LeaseLedger:
                 how,
                 lease.borrowed,
                 lost_s * lease.devices,
-                self._granted_model(lease),
+                self._granted_model(db, lease),
             ),
         )
 
@@ -1057,7 +1075,7 @@ class LeaseLedger:
                         end,
                         "held",
                         0.0,
-                        self._granted_model(lease),
+                        self._granted_model(db, lease),
                     )
                 )
         return [span.clipped(since, end) for span in spans]
