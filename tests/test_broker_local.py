@@ -100,6 +100,12 @@ def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
     assert stopped is not None and stopped.step >= 45  # checkpointed on notice, nothing lost
     assert [x.gang_id for x in ledger.leases()] == [f"{INFERENCE_PREFIX}0"]
     assert isinstance(ledger.try_acquire(request, "operator", 600), Refusal)  # waits
+    # Accounted and journaled as a preemption, not as a gang that let its lease go.
+    (span,) = [x for x in ledger.usage_spans(0) if x.gang_id == "digits-train"]
+    assert (span.ended_by, span.lost_device_s) == ("preempted", 0.0)
+    actions = [e.action for e in ledger.journal() if e.gang_id == "digits-train"]
+    assert actions[-2:] == ["evict", "preempted"]
+    assert actuator.training_work(0, ledger.clock()).stopped_gpus == 2
 
     # Load falls away: the node is lent back and the gang resumes where it stopped.
     trough = decide(load_now(actuator, 2000.0, 0.0), CONFIG)
@@ -112,6 +118,48 @@ def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
     step, weights = final_weights(checkpoints)
     assert step == reference[0]
     assert_same(weights, reference[1])
+
+
+def test_a_gang_still_running_after_the_grace_is_forced_and_its_work_accounted_lost(
+    splits: dict[str, str], tmp_path: Path
+) -> None:
+    ledger, backend, actuator = lab_with_gangs(tmp_path)
+    actuator = replace_grace(actuator, 0.0)  # no time to checkpoint: forced at once
+    request = GangRequest("digits-train", "vision", "gpu", None, 2, 1)
+    lease = ledger.try_acquire(request, "operator", 600)
+    assert isinstance(lease, Lease)
+    backend.submit(
+        job(
+            "digits-train",
+            splits,
+            (tmp_path / "ckpt").as_uri(),
+            step_delay=0.02,
+            device_class="gpu",
+        )
+    )
+    wait_for_step(backend.log_path("digits-train"), 5)
+
+    applied = actuator.apply(decide(load_now(actuator, 1000.0, 10.0), CONFIG))
+    assert applied.forced == ("digits-train",) and applied.complete
+    (span,) = [x for x in ledger.usage_spans(0) if x.gang_id == "digits-train"]
+    held_s = span.ended_at - lease.acquired_at
+    # The ledger cannot read the gang's store here: its whole run is counted lost.
+    assert span.ended_by == "forced" and span.lost_device_s == pytest.approx(2 * held_s, abs=0.1)
+    work = actuator.training_work(0, ledger.clock())
+    assert work.stopped_gpus == 2 and work.recorded_lost_gpu_s == span.lost_device_s
+    assert work.trained_gpu_s == pytest.approx(2 * held_s)
+    assert work.lost_gpu_s(stop_cost_s=100) == pytest.approx(span.lost_device_s + 200)
+
+
+def replace_grace(actuator: LocalActuator, grace_s: float) -> LocalActuator:
+    return LocalActuator(
+        actuator.ledger,
+        actuator.backend,
+        node_gpus=actuator.node_gpus,
+        grace_s=grace_s,
+        poll_s=actuator.poll_s,
+        checkpoint_store=actuator.checkpoint_store,
+    )
 
 
 def test_an_elastic_gang_is_shrunk_not_stopped_and_goes_on_with_fewer_workers(

@@ -78,6 +78,25 @@ def scaled(forecast: Forecast, margin: float) -> Forecast:
 
 
 @dataclass(frozen=True)
+class TrainingWork:
+    """Training's time on the broker's devices over a past span, and its forced stops.
+
+    What the running broker weighs against its lost-work budget. ``recorded_lost_gpu_s``
+    is the work stops threw away that was recorded (a stop past its grace loses the
+    time since the gang's checkpoint); ``stopped_gpus`` counts, per stop, the GPUs
+    stopped, each of which also costs the checkpoint written on notice and the restart.
+    """
+
+    trained_gpu_s: float
+    recorded_lost_gpu_s: float = 0.0
+    stopped_gpus: int = 0
+
+    def lost_gpu_s(self, stop_cost_s: float) -> float:
+        """GPU-seconds lost, each stopped GPU costing ``stop_cost_s`` beyond what was recorded."""
+        return self.recorded_lost_gpu_s + stop_cost_s * self.stopped_gpus
+
+
+@dataclass(frozen=True)
 class LostWorkBudget:
     """Spend training's unspent lost-work budget on lending.
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tideflow.backends.protocol import Backend
+from tideflow.broker.calibrate import TrainingWork
 from tideflow.broker.checkpoints import work_at_risk_since
 from tideflow.broker.policy import Decision, GangView
 from tideflow.broker.tenant import INFERENCE_PRIORITY, capped, ceiling, governs_inference
@@ -38,6 +39,7 @@ from tideflow.gangs.evictions import enforce_evictions
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
 INFERENCE_PREFIX = "broker/inference/"
+STOPPED = ("preempted", "forced")  # usage rows of leases ended by a stop (LeaseLedger.release)
 RESERVATION_TTL_S = 365 * 86400.0  # held until the broker lends it back
 
 
@@ -141,6 +143,24 @@ class LocalActuator:
         used = sum(len(p.devices) for x in self._of_class() for p in x.placements)
         return self.total_gpus() - used
 
+    def training_work(self, since_s: float, until_s: float) -> TrainingWork:
+        """Training's device-time on the class over [since_s, until_s] and the stops in it,
+        from the ledger's usage record (``LeaseLedger.usage``).
+
+        Every stop counts, whoever asked for it (the broker, a lender's reclaim, a
+        priority preemption): each costs training work, the safe direction for a budget.
+        """
+        trained = recorded = 0.0
+        stopped = 0
+        for span in self.ledger.usage_spans(since_s, until_s):
+            if span.device_class != self.device_class or span.gang_id.startswith(INFERENCE_PREFIX):
+                continue
+            trained += span.devices * (span.ended_at - span.started_at)
+            if span.ended_by in STOPPED:
+                recorded += span.lost_device_s
+                stopped += span.devices
+        return TrainingWork(trained, recorded, stopped)
+
     # -- acting ---------------------------------------------------------------------------
     def _request(self, index: int) -> GangRequest:
         return GangRequest(
@@ -168,10 +188,13 @@ class LocalActuator:
         status = self.backend.status(gang_id)
         return status is None or status.state.finished
 
-    def _take_back(self, gang_id: str) -> None:
+    def _take_back(self, gang_id: str, *, forced: bool = False) -> None:
         lease = self.ledger.lease_for(gang_id)
-        if lease is not None:
-            self.ledger.release(lease.lease_id)
+        if lease is None:
+            return
+        # A forced stop loses the work since the gang's last checkpoint: accounted so.
+        lost = max(self.ledger.work_at_risk(lease, self.ledger.clock()), 1e-9) if forced else 0.0
+        self.ledger.release(lease.lease_id, lost_s=lost)
 
     def apply(self, decision: Decision) -> Applied:
         if self.tenant:
@@ -190,6 +213,15 @@ class LocalActuator:
         # the ledger again, which grants what is left (down to its minimum).
         victims = [r.gang_id for r in decision.reclaims]
         for gang_id in victims:
+            # Recorded in the ledger first, so that the gang's stop is journaled and
+            # accounted as a preemption whoever frees its lease (its supervisor or us).
+            self.ledger.evict(
+                gang_id,
+                INFERENCE_PREFIX.rstrip("/"),
+                f"reclaimed by the broker for inference ({decision.reason})",
+                self.grace_s,
+                signalled=self.backend is not None,
+            )
             if self.backend is not None:
                 self.backend.preempt(gang_id)  # checkpoint, then exit resumable
         deadline = started + self.grace_s
@@ -208,7 +240,7 @@ class LocalActuator:
                 for gang_id in waiting:  # out of grace: stop it now, lose its uncommitted work
                     if self.backend is not None:
                         self.backend.cancel(gang_id)
-                    self._take_back(gang_id)
+                    self._take_back(gang_id, forced=True)
                     forced.append(gang_id)
                 waiting.clear()
                 while self.inference_gpus() < target and self._reserve_one(self._free_index()):

@@ -37,6 +37,10 @@ class PolicyConfig:
     cooldown_s: float = 3600.0
     shrink_margin_gpus: int | None = None  # default: one node
     checkpoint_grace_s: float = 300.0
+    # Spend training's unspent lost-work budget on lending (``calibrate.LostWorkBudget``;
+    # None: the fixed lend bound). Read before the decision, not by it.
+    lost_work_budget: float | None = 0.01
+    stop_cost_s: float = 360.0  # per GPU stopped: the checkpoint on notice and the restart
 
     def __post_init__(self) -> None:
         problems = []
@@ -55,6 +59,13 @@ class PolicyConfig:
             )
         if self.headroom < 0 or self.cooldown_s < 0 or self.lead_s < 0:
             problems.append("headroom, cooldown_s and lead_s must be >= 0")
+        if self.lost_work_budget is not None and not 0 < self.lost_work_budget < 1:
+            problems.append(
+                f"lost_work_budget must be a share within (0, 1) or None "
+                f"(got {self.lost_work_budget})"
+            )
+        if not self.stop_cost_s >= 0:
+            problems.append(f"stop_cost_s must be >= 0 (got {self.stop_cost_s})")
         if problems:
             raise ValueError("broker policy: " + "; ".join(problems))
 

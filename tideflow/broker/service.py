@@ -17,7 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol
 
-from tideflow.broker.calibrate import SloCalibration, scaled
+from tideflow.broker.calibrate import LostWorkBudget, SloCalibration, TrainingWork, scaled
 from tideflow.broker.forecast import LoadForecaster, clean_outages
 from tideflow.broker.journal import DecisionJournal, JournalEntry
 from tideflow.broker.load import (
@@ -45,6 +45,8 @@ class Actuator(Protocol):
     def idle_training_gpus(self) -> int: ...
     def gangs(self) -> tuple[GangView, ...]: ...
     def apply(self, decision: Decision) -> Any: ...
+    # Training's time and stops over a past span (None: no record of them here).
+    def training_work(self, since_s: float, until_s: float) -> TrainingWork | None: ...
 
 
 class TenantActuator(Actuator, Protocol):
@@ -60,6 +62,7 @@ BROKER_DAG_ID = "tideflow_broker"  # the Airflow DAG that runs the broker
 HISTORY_S = 8 * 86400.0
 CALIBRATION_S = 7 * 86400.0  # outcomes the SLO calibration replays
 LEARNING_S = 7 * 86400.0  # served windows the per-GPU throughput is learned from
+BUDGET_S = 7 * 86400.0  # the past span whose lost and trained GPU-time the budget weighs
 # A latency signal describes the minutes before it (a quantile over rate(...[10m])), and
 # replicas serve only after they start: a window counts only when inference held the
 # same GPUs through it and this long before it.
@@ -188,6 +191,8 @@ class BrokerSettings:
     latency: str = ""  # a latency source: learn the per-GPU throughput ("" : configured)
     latency_slo_s: float = 0.0  # the source gives seconds at the SLO's percentile
     latency_slo_share: float = 0.0  # the source gives the share of requests over target
+    lost_work_budget: float | None = 0.01  # share of training GPU-time stops may cost
+    stop_cost_s: float = 360.0  # per GPU stopped: its checkpoint on notice and restart
 
     @classmethod
     def from_env(cls) -> BrokerSettings | None:
@@ -202,6 +207,8 @@ class BrokerSettings:
                 ("NODE_GPUS", "8"),
                 ("MIN_INFERENCE_GPUS", "0"),
                 ("GRACE_S", "300"),
+                ("LOST_WORK_BUDGET", "0.01"),
+                ("STOP_COST_S", "360"),
             ):
                 values[name] = os.environ.get(f"TIDEFLOW_BROKER_{name}", default)
             settings = cls(
@@ -211,6 +218,8 @@ class BrokerSettings:
                 device_class=os.environ.get("TIDEFLOW_BROKER_DEVICE_CLASS", "gpu"),
                 min_inference_gpus=int(values["MIN_INFERENCE_GPUS"]),
                 grace_s=float(values["GRACE_S"]),
+                lost_work_budget=_share_or_none(values["LOST_WORK_BUDGET"]),
+                stop_cost_s=float(values["STOP_COST_S"]),
             )
         except ValueError:
             raise ValueError(
@@ -221,11 +230,26 @@ class BrokerSettings:
                 "tideflow broker settings: TIDEFLOW_BROKER_PER_GPU_RPS must be > 0 "
                 "(requests/s one inference GPU serves within its latency SLO)"
             )
+        if settings.lost_work_budget is not None and not 0 < settings.lost_work_budget < 1:
+            raise ValueError(
+                "tideflow broker settings: TIDEFLOW_BROKER_LOST_WORK_BUDGET must be a share "
+                "of training GPU-time within (0, 1), e.g. 0.01, or 'none' for a fixed lend "
+                f"bound (got {values['LOST_WORK_BUDGET']!r})"
+            )
+        if not 0 <= settings.stop_cost_s < math.inf:
+            raise ValueError(
+                "tideflow broker settings: TIDEFLOW_BROKER_STOP_COST_S must be seconds >= 0 "
+                f"(got {values['STOP_COST_S']!r})"
+            )
         return replace(settings, **latency_settings_from_env())
 
     @property
     def latency_slo(self) -> float:
         return self.latency_slo_s or self.latency_slo_share
+
+
+def _share_or_none(text: str) -> float | None:
+    return None if text.strip().lower() == "none" else float(text)
 
 
 def latency_settings_from_env() -> dict[str, Any]:
@@ -290,6 +314,8 @@ def policy_config(settings: BrokerSettings, total_gpus: int) -> PolicyConfig:
         headroom=0.05,
         lead_s=600.0,
         checkpoint_grace_s=settings.grace_s,
+        lost_work_budget=settings.lost_work_budget,
+        stop_cost_s=settings.stop_cost_s,
     )
 
 
@@ -369,14 +395,50 @@ def with_learned_throughput(
     return replace(config, per_gpu_rps=learned.rps), learned
 
 
+@dataclass(frozen=True)
+class LendBound:
+    """How the lost-work budget scales the lend horizon's bound now, and why."""
+
+    margin: float  # log scale: the bound is multiplied by exp(margin)
+    reason: str
+
+
+def lend_bound(
+    load: LoadSource, actuator: Actuator, config: PolicyConfig, now_s: float
+) -> LendBound | None:
+    """The lost-work budget's scaling of the lend bound, from the work training did and
+    lost over the past ``BUDGET_S`` (``calibrate.LostWorkBudget``, as the simulator
+    measures it). None with no budget, or where the actuator keeps no record of the
+    work (a cluster): the fixed bound."""
+    if config.lost_work_budget is None:
+        return None
+    scale = day_scale(load)
+    work = actuator.training_work(now_s - BUDGET_S * scale, now_s)
+    if work is None:
+        return None
+    budget = LostWorkBudget.for_cluster(config.lost_work_budget, config.total_gpus, 86400 * scale)
+    lost = work.lost_gpu_s(config.stop_cost_s)
+    margin = budget.margin(lost, work.trained_gpu_s)
+    allowed = budget.budget * work.trained_gpu_s
+    return LendBound(
+        margin,
+        f"lost work {lost / 3600:.1f} of a {allowed / 3600:.1f} GPU-h budget "
+        f"({budget.budget:.2%} of training's {work.trained_gpu_s / 3600:.1f} GPU-h over "
+        f"{BUDGET_S * scale / 86400:g} d): lend bound x{math.exp(margin):.2f}",
+    )
+
+
 def observe(
     load: LoadSource,
     actuator: Actuator,
     config: PolicyConfig,
     journal: DecisionJournal,
     now_s: float,
+    *,
+    lend_margin: float = 0.0,
 ) -> Snapshot:
-    """Everything the policy needs, read now; the load from before ``now`` only."""
+    """Everything the policy needs, read now; the load from before ``now`` only.
+    ``lend_margin`` scales the lend horizon's bound (``lend_bound``)."""
     scale = day_scale(load)
     history = clean_outages(load.samples(now_s - HISTORY_S * scale, now_s))
     forecaster = LoadForecaster(load.window_s, quantile=0.99)
@@ -391,8 +453,9 @@ def observe(
         idle_training_gpus=actuator.idle_training_gpus(),
         gangs=actuator.gangs(),
         last_lend_s=journal.last_lend_s(),
-        lend_forecast=forecaster.forecast(
-            history, now_s, config.lend_horizon_s, config.lend_quantile
+        lend_forecast=scaled(
+            forecaster.forecast(history, now_s, config.lend_horizon_s, config.lend_quantile),
+            lend_margin,
         ),
     )
 
@@ -406,15 +469,29 @@ def peek(
 ) -> Decision:
     """What the broker would decide now, without acting or recording (for sensors)."""
     now = time.time() if now_s is None else now_s
-    config, learned = with_learned_throughput(load, config, journal, now)
-    return _noted(decide(observe(load, actuator, config, journal, now), config), learned)
+    decision, _ = _decided(load, actuator, config, journal, now)
+    return decision
 
 
-def _noted(decision: Decision, learned: Throughput | None) -> Decision:
-    """The decision, its reason saying which per-GPU throughput it was made with."""
-    if learned is None:
-        return decision
-    return replace(decision, reason=f"{decision.reason}; {learned.reason}")
+def _decided(
+    load: LoadSource,
+    actuator: Actuator,
+    config: PolicyConfig,
+    journal: DecisionJournal,
+    now_s: float,
+) -> tuple[Decision, Snapshot]:
+    """The decision now and what it was made from, its reason saying which per-GPU
+    throughput and lend bound it was made with."""
+    config, learned = with_learned_throughput(load, config, journal, now_s)
+    bound = lend_bound(load, actuator, config, now_s)
+    snapshot = observe(
+        load, actuator, config, journal, now_s, lend_margin=bound.margin if bound else 0.0
+    )
+    decision = decide(snapshot, config)
+    notes = [x.reason for x in (learned, bound) if x is not None]
+    if notes:
+        decision = replace(decision, reason="; ".join([decision.reason, *notes]))
+    return decision, snapshot
 
 
 def within_inference_quota(
@@ -507,9 +584,7 @@ def rebalance_once(
     act: bool = True,
 ) -> tuple[Decision, Any]:
     now = time.time() if now_s is None else now_s
-    config, learned = with_learned_throughput(load, config, journal, now)
-    snapshot = observe(load, actuator, config, journal, now)
-    decision = _noted(decide(snapshot, config), learned)
+    decision, snapshot = _decided(load, actuator, config, journal, now)
     applied = actuator.apply(decision) if act else None
     journal.record(
         now,

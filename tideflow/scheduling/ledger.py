@@ -953,6 +953,25 @@ class LeaseLedger:
             for g, b, r, a, d, s in rows
         ]
 
+    def evict(
+        self, gang_id: str, by_gang: str, reason: str, grace_s: float, *, signalled: bool = False
+    ) -> bool:
+        """Record that ``gang_id`` must stop within ``grace_s`` for ``by_gang``, decided
+        outside this ledger's admission (the broker growing inference when inference is
+        no team of the cluster file), so that its stop is journaled and accounted as a
+        preemption like the ledger's own. False when the gang holds no lease."""
+        with self._transaction() as db:
+            now = self.clock()
+            row = db.execute("SELECT team FROM leases WHERE gang_id = ?", (gang_id,)).fetchone()
+            if row is None:
+                return False
+            db.execute(
+                "INSERT OR IGNORE INTO evictions VALUES (?, ?, ?, ?, ?, ?)",
+                (gang_id, by_gang, reason, now, now + grace_s, int(signalled)),
+            )
+            self._journal_gang(db, now, gang_id, str(row[0]), "evict", reason)
+            return True
+
     def mark_signalled(self, gang_id: str) -> None:
         with self._transaction() as db:
             db.execute("UPDATE evictions SET signalled = 1 WHERE gang_id = ?", (gang_id,))
