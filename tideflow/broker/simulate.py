@@ -58,6 +58,9 @@ class SimulationConfig:
     lost_work_budget: float | None = 0.01
     lost_work_low: float = -0.25  # under budget the lend bound shrinks to exp(-0.25) = 0.78x
     lost_work_high: float = 0.0  # over budget: the fixed bound (> 0: a brake, holding more)
+    # The budget counts the work lost and done over this past span, as the running
+    # broker reads it from the ledger (None: since the start of the trace).
+    lost_work_window_s: float | None = 7 * 86400.0
 
     def static_gpus(self) -> int | None:
         if self.policy in ("tidal", "oracle") or self.cron_headroom() is not None:
@@ -227,10 +230,17 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     preemptions = shrinks = 0
     windows: list[Window] = []
     busy: list[float] = []  # training GPU-seconds of progress per window
+    lost_by_window: list[float] = []  # GPU-seconds lost, per window (for the budget's span)
+    budget_windows = (
+        len(samples)
+        if config.lost_work_window_s is None
+        else max(1, round(config.lost_work_window_s / step))
+    )
     forecast_errors: list[float] = []
 
     for index, sample in enumerate(samples):
         now = sample.start_s
+        lost_before = lost_gpu_s
         while pending and pending[0].submit_s < now + step:
             job = _Job(pending.pop(0))
             queue.append(job)
@@ -255,9 +265,10 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                     history, now, policy_config.lend_horizon_s, policy_config.lend_quantile
                 )
                 if budget is not None:  # the work lost and done so far is known now
-                    trained = sum(busy)
-                    budget_saturated += budget.saturated(lost_gpu_s, trained)
-                    lend_forecast = scaled(lend_forecast, budget.margin(lost_gpu_s, trained))
+                    trained = sum(busy[-budget_windows:])
+                    lost = sum(lost_by_window[-budget_windows:])
+                    budget_saturated += budget.saturated(lost, trained)
+                    lend_forecast = scaled(lend_forecast, budget.margin(lost, trained))
             if config.policy == "oracle":
                 # Not a policy: the same decisions fed each window's true load, with no
                 # cooldown, to bound what any forecast could achieve on this trace.
@@ -369,6 +380,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
             )
         )
         busy.append(busy_gpu_s)
+        lost_by_window.append(lost_gpu_s - lost_before)
 
     metrics = _score(windows, busy, everyone, config, lost_gpu_s, preemptions, forecast_errors, end)
     metrics["shrinks"] = shrinks
