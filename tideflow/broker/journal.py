@@ -26,10 +26,13 @@ CREATE TABLE IF NOT EXISTS decisions (
     emergency INTEGER NOT NULL,
     preempted TEXT NOT NULL,
     reason TEXT NOT NULL,
-    applied TEXT NOT NULL
+    applied TEXT NOT NULL,
+    held_gpus INTEGER
 );
 CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at_s);
 """
+# Journals written before the GPUs held were recorded gain the column (NULL: as decided).
+_UPGRADES = (("held_gpus", "INTEGER"),)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,14 @@ class JournalEntry:
     preempted: tuple[str, ...]
     reason: str
     applied: str
+    held_gpus: int | None = None  # inference's GPUs once applied (None: not recorded)
+
+    @property
+    def gpus_held(self) -> int:
+        """The GPUs inference held after this decision: what the actuator reached (short
+        of the decision when it could not take them, unchanged in a dry run); the
+        decision's own count in journals from before this was recorded."""
+        return self.inference_gpus if self.held_gpus is None else self.held_gpus
 
 
 class DecisionJournal:
@@ -54,6 +65,16 @@ class DecisionJournal:
         path.parent.mkdir(parents=True, exist_ok=True)
         with self._db() as db:
             db.executescript(_SCHEMA)
+            present = {str(r[1]) for r in db.execute("PRAGMA table_info(decisions)")}
+            for column, kind in _UPGRADES:
+                if column in present:
+                    continue
+                try:
+                    db.execute(f"ALTER TABLE decisions ADD COLUMN {column} {kind}")
+                except sqlite3.OperationalError as error:
+                    # another process opening the same old journal added it first
+                    if "duplicate column name" not in str(error):
+                        raise
 
     def _db(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30)
@@ -69,10 +90,13 @@ class DecisionJournal:
         measured_rps: float | None,
         forecast_upper: float | None,
         applied: str = "",
+        held_gpus: int | None = None,
     ) -> None:
         with self._db() as db:
             db.execute(
-                "INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO decisions (at_s, action, inference_gpus, total_gpus, "
+                "measured_rps, forecast_upper, needed, wanted, emergency, preempted, reason, "
+                "applied, held_gpus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     at_s,
                     str(decision.action),
@@ -86,6 +110,7 @@ class DecisionJournal:
                     json.dumps([r.gang_id for r in decision.reclaims if r.evicted]),
                     decision.reason,
                     applied,
+                    held_gpus,
                 ),
             )
 
@@ -94,7 +119,10 @@ class DecisionJournal:
             return []
         with self._db() as db:
             rows = db.execute(
-                "SELECT * FROM decisions WHERE at_s >= ? ORDER BY at_s", (at_s,)
+                "SELECT at_s, action, inference_gpus, total_gpus, measured_rps, "
+                "forecast_upper, needed, wanted, emergency, preempted, reason, applied, "
+                "held_gpus FROM decisions WHERE at_s >= ? ORDER BY at_s",
+                (at_s,),
             ).fetchall()
         return [
             JournalEntry(
@@ -110,6 +138,7 @@ class DecisionJournal:
                 tuple(json.loads(r[9])),
                 str(r[10]),
                 str(r[11]),
+                None if r[12] is None else int(r[12]),
             )
             for r in rows
         ]

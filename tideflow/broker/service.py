@@ -323,13 +323,15 @@ def coverage(entries: list[JournalEntry], window_s: float) -> list[bool]:
     """Per load window, oldest first: did the inference GPUs held cover the load measured?
 
     Each decision records the need measured over the window before it; the
-    GPUs held then are those the previous decision left. Decisions are more
-    frequent than load windows, so one outcome per window (its last decision).
+    GPUs held then are those the previous step left: what its actuator reached,
+    not what it decided (short when it could not take them, unchanged in a dry
+    run). Decisions are more frequent than load windows, so one outcome per
+    window (its last decision).
     """
     outcomes: dict[int, bool] = {}
     for before, entry in pairwise(entries):
         if entry.needed is not None:
-            outcomes[int(entry.at_s // window_s)] = before.inference_gpus >= entry.needed
+            outcomes[int(entry.at_s // window_s)] = before.gpus_held >= entry.needed
     return [outcomes[k] for k in sorted(outcomes)]
 
 
@@ -356,7 +358,7 @@ def served_windows(
             break
         first = bisect.bisect_right(times, sample.start_s - settle_s) - 1
         last = bisect.bisect_left(times, end)
-        held = [e.inference_gpus for e in entries[first:last]] if first >= 0 else []
+        held = [e.gpus_held for e in entries[first:last]] if first >= 0 else []
         steady = len(set(held)) == 1
         out.append(ServedWindow(sample.start_s, sample.rate, held[0] if steady else 0))
     return out
@@ -408,13 +410,13 @@ def lend_bound(
 ) -> LendBound | None:
     """The lost-work budget's scaling of the lend bound, from the work training did and
     lost over the past ``BUDGET_S`` (``calibrate.LostWorkBudget``, as the simulator
-    measures it). None with no budget, or where the actuator keeps no record of the
-    work (a cluster): the fixed bound."""
+    measures it). None with no budget, where the actuator keeps no record of the
+    work (a cluster), or when no training ran over that span: the fixed bound."""
     if config.lost_work_budget is None:
         return None
     scale = day_scale(load)
     work = actuator.training_work(now_s - BUDGET_S * scale, now_s)
-    if work is None:
+    if work is None or work.trained_gpu_s <= 0:
         return None
     budget = LostWorkBudget.for_cluster(config.lost_work_budget, config.total_gpus, 86400 * scale)
     lost = work.lost_gpu_s(config.stop_cost_s)
@@ -593,5 +595,8 @@ def rebalance_once(
         measured_rps=snapshot.measured_rps,
         forecast_upper=snapshot.forecast.upper,
         applied=applied.note if applied else "",
+        # what inference holds now: short of the decision when the actuator could not
+        # take the GPUs, unchanged in a dry run (the SLO and the learner judge these)
+        held_gpus=applied.inference_gpus if applied else snapshot.inference_gpus,
     )
     return decision, applied
