@@ -53,6 +53,12 @@ from tideflow.broker.shapes import SHAPES, ShapedLoad
 PRODUCTION = {"m-mid": ("servegen_m-mid.csv", 25.0), "m-large": ("servegen_m-large.csv", 3.0)}
 DAYS = 14
 TOTAL_GPUS, NODE_GPUS = 200, 8
+# Gang size mixes (GPUs: weights): the default is whole 8-GPU nodes, where counting GPUs
+# and placing gangs on nodes agree; the second has gangs smaller than a node.
+SIZE_WEIGHTS: dict[tuple[int, ...], tuple[float, ...]] = {
+    (8, 16, 32, 64): (0.4, 0.3, 0.2, 0.1),
+    (1, 2, 4, 8, 16, 32): (0.2, 0.2, 0.2, 0.2, 0.1, 0.1),
+}
 P99_NEED_GPUS = 132  # synthetic traces: throughput at which the p99 need is two thirds of 200
 CRON_HEADROOMS = tuple(round(0.05 * i, 2) for i in range(31))  # 0 .. 150%
 SWEEP_SHARES = (0.4, 0.5, 0.6, 0.68, 0.8)  # p99 inference need as a share of the cluster
@@ -79,6 +85,7 @@ KEYS = (
     "mean_queueing_hours",
     "mean_jct_hours",
     "jobs_finished",
+    "placement_preemptions",  # with --placement nodes
 )
 
 
@@ -120,9 +127,15 @@ def traces(directory: Path) -> list[Trace]:
     return out
 
 
+PLACEMENT = ["gpus"]  # every policy of a run places gangs the same way (--placement)
+
+
 def run(trace: Trace, jobs: list[JobSpec], policy: str, **overrides: Any) -> dict[str, Any]:
     config = SimulationConfig(
-        policy=policy, total_gpus=TOTAL_GPUS, per_gpu_rps=trace.per_gpu_rps, **overrides
+        policy=policy,
+        total_gpus=TOTAL_GPUS,
+        per_gpu_rps=trace.per_gpu_rps,
+        **{"placement": PLACEMENT[0], **overrides},
     )
     return simulate(trace.load, jobs, config, start_s=trace.start_s, end_s=trace.end_s).metrics
 
@@ -193,7 +206,7 @@ def compare(
         overrides = tidal_overrides if policy in ("tidal", "oracle") else {}
         results[policy] = run(trace, jobs, policy, **overrides)
         line = {"trace": trace.name, "policy": policy, "per_gpu_rps": trace.per_gpu_rps}
-        line |= {k: results[policy][k] for k in KEYS}
+        line |= {k: results[policy][k] for k in KEYS if k in results[policy]}
         line["seconds"] = round(time.perf_counter() - started, 1)
         if not quiet:
             print(json.dumps(line))
@@ -204,7 +217,7 @@ def compare(
     if not quiet:
         for h, metrics in ((headroom, cron), (peer_headroom, peer)):
             line = {"trace": trace.name, "policy": f"cron:{h}", "per_gpu_rps": trace.per_gpu_rps}
-            print(json.dumps(line | {k: metrics[k] for k in KEYS}))
+            print(json.dumps(line | {k: metrics[k] for k in KEYS if k in metrics}))
     return {
         "trace": trace.name,
         "seen": trace.seen,
@@ -342,6 +355,18 @@ def main() -> int:
         default=0.0,
         help="share of the gangs of 16+ GPUs that are elastic down to half their size",
     )
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: tuple(int(x) for x in text.split(",")),
+        choices=sorted(SIZE_WEIGHTS),
+        help="gang sizes in GPUs, comma-separated (default 8,16,32,64: whole nodes)",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=("gpus", "nodes"),
+        default="gpus",
+        help="count GPUs, or place gangs and inference on 8-GPU nodes, for every policy",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print the summary table")
     parser.add_argument(
         "--set",
@@ -365,6 +390,7 @@ def main() -> int:
         help="vary the per-GPU throughput so that the p99 need is 40-80%% of the cluster",
     )
     args = parser.parse_args()
+    PLACEMENT[0] = args.placement
     overrides = {k: _number(v) for k, _, v in (item.partition("=") for item in args.set)}
     chosen = [t for t in traces(args.traces) if not args.only or t.name in args.only]
     jobs = {
@@ -374,6 +400,7 @@ def main() -> int:
             horizon_s=t.end_s - t.start_s,
             offered_fraction=args.offered,
             elastic_fraction=args.elastic_share,
+            **({"sizes": args.sizes, "weights": SIZE_WEIGHTS[args.sizes]} if args.sizes else {}),
         )
         for t in chosen
     }

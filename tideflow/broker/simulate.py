@@ -29,6 +29,7 @@ from tideflow.broker.cron import CronSchedule
 from tideflow.broker.forecast import Forecast, LoadForecaster, clean_outages
 from tideflow.broker.jobs import JobSpec
 from tideflow.broker.load import LoadSample, LoadSource
+from tideflow.broker.nodes import NodePool
 from tideflow.broker.policy import Action, GangView, PolicyConfig, Snapshot, decide
 
 HISTORY_S = 8 * 86400.0  # the forecaster looks back a week and a day
@@ -61,6 +62,21 @@ class SimulationConfig:
     # The budget counts the work lost and done over this past span, as the running
     # broker reads it from the ledger (None: since the start of the trace).
     lost_work_window_s: float | None = 7 * 86400.0
+    # "gpus": gangs and inference counted in GPUs; "nodes": placed on nodes
+    # (``tideflow.broker.nodes``), so fragmentation can keep a gang waiting and make
+    # inference's growth stop more gangs than the policy chose.
+    placement: str = "gpus"
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("gpus", "nodes"):
+            raise ValueError(
+                f"placement {self.placement!r}: use 'gpus' (counted) or 'nodes' (placed)"
+            )
+        if self.placement == "nodes" and self.total_gpus % self.node_gpus:
+            raise ValueError(
+                f"placement 'nodes': total_gpus {self.total_gpus} is not whole nodes of "
+                f"{self.node_gpus}"
+            )
 
     def static_gpus(self) -> int | None:
         if self.policy in ("tidal", "oracle") or self.cron_headroom() is not None:
@@ -161,6 +177,13 @@ def _checkpoint_on_notice(job: _Job, config: SimulationConfig) -> float:
     return lost
 
 
+def _at_risk(job: _Job, config: SimulationConfig) -> float:
+    """GPU-seconds a stop of this gang would cost now (what emptying its node weighs)."""
+    return (job.progress_s - job.committed_s) * job.spec.gpus + config.restart_overhead_s * (
+        job.gpus_now
+    )
+
+
 def _preempt(job: _Job, config: SimulationConfig) -> float:
     """Stop a running gang; GPU-seconds of work lost."""
     lost = _checkpoint_on_notice(job, config)
@@ -224,7 +247,20 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     queue: list[_Job] = []  # submitted, not running, in submission order
     running: list[_Job] = []
     everyone: list[_Job] = []
-    inference = static if static is not None else policy_config.ceiling // 2  # type: ignore[union-attr]
+    # A broker starts at half its ceiling, in whole nodes as it always holds them.
+    inference = (
+        static
+        if static is not None
+        else policy_config.ceiling // 2 // config.node_gpus * config.node_gpus  # type: ignore[union-attr]
+    )
+    pool = (
+        NodePool(config.total_gpus // config.node_gpus, config.node_gpus)
+        if config.placement == "nodes"
+        else None
+    )
+    if pool is not None:
+        inference = pool.inference_to(inference)
+    placement_preemptions = 0  # stopped to empty whole nodes beyond the policy's victims
     last_lend: float | None = None
     lost_gpu_s = 0.0
     preemptions = shrinks = 0
@@ -311,22 +347,47 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 victim = by_id[reclaim.gang_id]
                 if not reclaim.evicted:
                     lost_gpu_s += _resize(victim, victim.gpus_now - reclaim.gpus, config)
+                    if pool is not None:
+                        pool.resize(victim.spec.job_id, victim.gpus_now)
                     shrinks += 1
                     continue
                 lost_gpu_s += _preempt(victim, config)
                 running.remove(victim)
                 queue.append(victim)
                 preempted_now += 1
+                if pool is not None:
+                    pool.release(victim.spec.job_id)
+            if pool is None:
+                inference = decision.inference_gpus
+            else:
+                # The victims were chosen by count: empty whole nodes for the rest.
+                grow = decision.inference_gpus // config.node_gpus - len(pool.inference)
+                by_id = {j.spec.job_id: j for j in running}
+                costs = {gang: _at_risk(j, config) for gang, j in by_id.items()}
+                while grow > 0 and (extra := pool.to_empty(grow, costs)):
+                    for gang in extra:
+                        victim = by_id.pop(gang)
+                        lost_gpu_s += _preempt(victim, config)
+                        running.remove(victim)
+                        queue.append(victim)
+                        pool.release(gang)
+                        preempted_now += 1
+                        placement_preemptions += 1
+                inference = pool.inference_to(decision.inference_gpus)
             queue.sort(key=lambda j: (j.spec.submit_s, j.spec.job_id))
             if decision.action is Action.LEND:
                 last_lend = now
-            inference = decision.inference_gpus
         preemptions += preempted_now
 
         # Start queued gangs that fit whole, in submission order (backfill smaller ones).
         free = config.total_gpus - inference - sum(j.gpus_now for j in running)
         for job in list(queue):
-            if job.spec.gpus <= free:
+            fits = (
+                job.spec.gpus <= free
+                if pool is None
+                else pool.place(job.spec.job_id, job.spec.gpus)
+            )
+            if fits:
                 queue.remove(job)
                 running.append(job)
                 free -= job.spec.gpus
@@ -341,7 +402,9 @@ def simulate(  # noqa: PLR0915 - one readable event loop
 
         # Shrunk gangs grow back into what the queue left free.
         for job in running:
-            if job.gpus_now < job.spec.gpus <= free + job.gpus_now:
+            if job.gpus_now < job.spec.gpus <= free + job.gpus_now and (
+                pool is None or pool.resize(job.spec.job_id, job.spec.gpus)
+            ):
                 free -= job.spec.gpus - job.gpus_now
                 lost_gpu_s += _resize(job, job.spec.gpus, config)
 
@@ -361,6 +424,8 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 job.committed_s = job.progress_s = job.spec.work_s
                 job.running = False
                 running.remove(job)
+                if pool is not None:
+                    pool.release(job.spec.job_id)
             else:
                 every = job.spec.checkpoint_every_s
                 job.committed_s = math.floor(job.progress_s / every) * every
@@ -384,6 +449,8 @@ def simulate(  # noqa: PLR0915 - one readable event loop
 
     metrics = _score(windows, busy, everyone, config, lost_gpu_s, preemptions, forecast_errors, end)
     metrics["shrinks"] = shrinks
+    if pool is not None:
+        metrics["placement_preemptions"] = placement_preemptions
     if calibration is not None:
         scored = metrics["windows"] - metrics["gap_windows"]
         promised = max(0.0, 1 - calibration.promised_misses(scored) / max(1, scored))
