@@ -140,3 +140,15 @@ def test_bad_placement_is_refused() -> None:
         SimulationConfig(policy="tidal", placement="racks")
     with pytest.raises(ValueError, match="not whole nodes of 8"):
         SimulationConfig(policy="tidal", total_gpus=20, placement="nodes")
+
+
+def test_the_cli_places_on_nodes_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tideflow.cli import main
+
+    args = ["broker", "simulate", "--trace", "synthetic", "--days", "2", "--per-gpu-rps", "25"]
+    assert main([*args, "--placement", "nodes", "--json"]) == 0
+    assert "placement_preemptions" in json.loads(capsys.readouterr().out)
+    assert main([*args, "--json"]) == 0
+    assert "placement_preemptions" not in json.loads(capsys.readouterr().out)

@@ -434,6 +434,7 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
             total_gpus=args.gpus,
             node_gpus=args.node_gpus,
             per_gpu_rps=args.per_gpu_rps,
+            placement=args.placement,
         )
         config.static_gpus()  # validates the policy string
         jobs = (
@@ -744,6 +745,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--gpus", type=int, default=200, help="GPUs in the cluster (default 200)")
     sim.add_argument("--node-gpus", type=int, default=8, help="GPUs per node (default 8)")
+    sim.add_argument(
+        "--placement",
+        choices=("gpus", "nodes"),
+        default="gpus",
+        help="count GPUs (default), or place gangs and inference on nodes (fragmentation)",
+    )
     sim.add_argument(
         "--per-gpu-rps",
         type=float,
