@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tideflow.broker.policy import Decision
+from tideflow.storage.sqlite_columns import add_missing_columns
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
@@ -65,16 +66,7 @@ class DecisionJournal:
         path.parent.mkdir(parents=True, exist_ok=True)
         with self._db() as db:
             db.executescript(_SCHEMA)
-            present = {str(r[1]) for r in db.execute("PRAGMA table_info(decisions)")}
-            for column, kind in _UPGRADES:
-                if column in present:
-                    continue
-                try:
-                    db.execute(f"ALTER TABLE decisions ADD COLUMN {column} {kind}")
-                except sqlite3.OperationalError as error:
-                    # another process opening the same old journal added it first
-                    if "duplicate column name" not in str(error):
-                        raise
+            add_missing_columns(db, {"decisions": _UPGRADES})
 
     def _db(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30)

@@ -58,6 +58,7 @@ from tideflow.scheduling.quota import (
     victims,
 )
 from tideflow.scheduling.reservation import Claim, Reservation, quota_held_back, reservations
+from tideflow.storage.sqlite_columns import add_missing_columns
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -237,24 +238,6 @@ def _shape(reason: object) -> str:
     return re.sub(r"\d+", "#", str(reason))
 
 
-def _add_columns(db: sqlite3.Connection) -> None:
-    """Add the columns a ledger written by an older tideflow lacks.
-
-    Processes that open it together after an upgrade (scheduler, workers, triggerer)
-    may all find a column missing: the first adds it and the others find it added.
-    """
-    for table, columns in _ADDED_COLUMNS.items():
-        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        for name, kind in columns:
-            if name in have:
-                continue
-            try:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-            except sqlite3.OperationalError as exc:
-                if "duplicate column name" not in str(exc):
-                    raise
-
-
 class _View(NamedTuple):
     """The leases and waiting requests the quota policy decides on, read once."""
 
@@ -348,7 +331,7 @@ class LeaseLedger:
         try:
             setup.execute("PRAGMA journal_mode=WAL")
             setup.executescript(_SCHEMA)
-            _add_columns(setup)  # a ledger written by an older tideflow
+            add_missing_columns(setup, _ADDED_COLUMNS)  # a ledger written by an older tideflow
         finally:
             setup.close()
         # Checked when this process places a gang (try_acquire), not here: readers
