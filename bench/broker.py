@@ -135,7 +135,11 @@ def run(trace: Trace, jobs: list[JobSpec], policy: str, **overrides: Any) -> dic
         policy=policy,
         total_gpus=TOTAL_GPUS,
         per_gpu_rps=trace.per_gpu_rps,
-        **{"placement": PLACEMENT[0], **overrides},
+        **{
+            "placement": "nodes" if PLACEMENT[0].startswith("nodes") else "gpus",
+            "node_aware": PLACEMENT[0] == "nodes",
+            **overrides,
+        },
     )
     return simulate(trace.load, jobs, config, start_s=trace.start_s, end_s=trace.end_s).metrics
 
@@ -363,9 +367,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--placement",
-        choices=("gpus", "nodes"),
+        choices=("gpus", "nodes", "nodes-by-count"),
         default="gpus",
-        help="count GPUs, or place gangs and inference on 8-GPU nodes, for every policy",
+        help="count GPUs, or place gangs and inference on 8-GPU nodes, for every policy "
+        "(nodes-by-count: placed, but the policy chooses its victims by count)",
     )
     parser.add_argument("--markdown", action="store_true", help="also print the summary table")
     parser.add_argument(

@@ -7,13 +7,20 @@ policy's victims leave too few, and with whole-node gangs placing and counting a
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from tests.test_broker_journal_held import CONFIG, Steady
 from tideflow.broker import SimulationConfig, SyntheticLoad, simulate, synthetic_jobs
 from tideflow.broker.jobs import JobSpec
+from tideflow.broker.journal import DecisionJournal
 from tideflow.broker.load import LoadSample
+from tideflow.broker.local import LocalActuator
 from tideflow.broker.nodes import NodePool
+from tideflow.broker.service import rebalance_once
+from tideflow.inventory import Inventory, Node
+from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
 DAYS = 3
 
@@ -101,10 +108,11 @@ def test_the_simulator_keeps_a_gang_waiting_on_fragmented_nodes() -> None:
     assert by_node.metrics["mean_queueing_hours"] > by_count.metrics["mean_queueing_hours"]
 
 
-def test_on_a_stream_of_small_gangs_growth_empties_nodes_the_policy_did_not_free() -> None:
-    """Gangs of 1-32 GPUs (a seeded stream) on a diurnal load: the policy's victims,
-    chosen by count, often leave too few empty nodes, and the simulator stops the
-    gangs on the cheapest nodes as well; nodes are never over-committed."""
+def test_on_a_stream_of_small_gangs_victims_chosen_by_node_empty_the_nodes() -> None:
+    """Gangs of 1-32 GPUs (a seeded stream) on a diurnal load. Victims chosen by count
+    often leave too few empty nodes, and the simulator stops the gangs on the cheapest
+    nodes as well; a policy that sees the gangs' nodes chooses victims that empty them.
+    Nodes are never over-committed."""
     load = SyntheticLoad(mean_rps=2000, daily_amplitude=0.5, seed=11)
     jobs = synthetic_jobs(
         seed=3,
@@ -114,12 +122,18 @@ def test_on_a_stream_of_small_gangs_growth_empties_nodes_the_policy_did_not_free
         weights=(0.2, 0.2, 0.2, 0.2, 0.1, 0.1),
     )
     config = SimulationConfig(policy="tidal", per_gpu_rps=25.0, placement="nodes")
-    result = simulate(load, jobs, config, start_s=0, end_s=DAYS * 86400)
-    assert result.metrics["placement_preemptions"] > 0
-    assert result.metrics["preemptions"] >= result.metrics["placement_preemptions"]
-    for window in result.windows:
-        assert window.inference_gpus % 8 == 0
-        assert window.inference_gpus + window.training_gpus <= 200
+    by_count = simulate(
+        load, jobs, replace(config, node_aware=False), start_s=0, end_s=DAYS * 86400
+    )
+    by_node = simulate(load, jobs, config, start_s=0, end_s=DAYS * 86400)
+    assert by_count.metrics["placement_preemptions"] > 0
+    assert by_count.metrics["preemptions"] >= by_count.metrics["placement_preemptions"]
+    assert by_node.metrics["placement_preemptions"] == 0
+    assert by_node.metrics["preemptions"] > 0
+    for result in (by_count, by_node):
+        for window in result.windows:
+            assert window.inference_gpus % 8 == 0
+            assert window.inference_gpus + window.training_gpus <= 200
 
 
 def test_with_whole_node_gangs_placing_and_counting_agree() -> None:
@@ -152,3 +166,61 @@ def test_the_cli_places_on_nodes_when_asked(capsys: pytest.CaptureFixture[str]) 
     assert "placement_preemptions" in json.loads(capsys.readouterr().out)
     assert main([*args, "--json"]) == 0
     assert "placement_preemptions" not in json.loads(capsys.readouterr().out)
+
+
+def test_the_policy_chooses_victims_that_empty_a_node_when_it_sees_the_nodes() -> None:
+    """Inference needs one more node and no node is empty: 4 GPUs are idle, spread over
+    two nodes. By count the cheapest victim frees 4 GPUs on a node another gang keeps;
+    seeing the nodes, the policy stops the gangs of one whole node."""
+    from tideflow.broker import Action, Forecast, PolicyConfig, Snapshot, decide
+    from tideflow.broker.policy import GangView
+
+    config = PolicyConfig(total_gpus=32, per_gpu_rps=10.0, node_gpus=8, headroom=0.0)
+    gangs = (
+        GangView("x", 4, 0, 0.0, None, ("n1",)),  # old checkpoints: costly to stop
+        GangView("y", 4, 0, 0.0, None, ("n1",)),
+        GangView("p", 4, 0, 990.0, None, ("n2",)),  # just checkpointed: cheap
+        GangView("q", 2, 0, 900.0, None, ("n2",)),
+        GangView("r", 6, 0, 900.0, None, ("n3",)),
+    )
+    counted = Snapshot(1000.0, 8, 160.0, Forecast(160.0, 160.0, 160.0, "t"), 4, gangs)
+    placed = replace(counted, empty_nodes=0)
+    by_count, by_node = decide(counted, config), decide(placed, config)
+    assert by_count.action is by_node.action is Action.GROW
+    assert [r.gang_id for r in by_count.reclaims] == ["p"]  # n2 keeps q: no empty node
+    stopped = {r.gang_id for r in by_node.reclaims}
+    nodes = {"n1": {"x", "y"}, "n2": {"p", "q"}, "n3": {"r"}}
+    assert any(gangs_on <= stopped for gangs_on in nodes.values())
+    assert by_node.inference_gpus == 16
+
+
+def test_the_local_broker_grows_onto_a_node_it_empties_not_onto_spread_idle_gpus(
+    tmp_path: Path,
+) -> None:
+    """Four nodes of 2 GPUs; inference holds one. Two 1-GPU gangs sit on two nodes, one
+    GPU idle beside each: 2 GPUs idle by count, no node empty. The load then needs a
+    second node. Choosing victims by count (none: 2 GPUs are idle) the reservation
+    could not be placed; seeing the nodes, the broker stops the gang of one node."""
+    nodes = tuple(Node(f"n{i}", 8, "gpu", "T4", 2) for i in range(4))
+    ledger = LeaseLedger(tmp_path / "leases.db", Inventory("lab", nodes, declared=True))
+    actuator = LocalActuator(ledger, None, node_gpus=2, poll_s=0.01)
+    config = replace(CONFIG, total_gpus=8, node_gpus=2, min_inference_gpus=2)
+    journal = DecisionJournal(tmp_path / "broker.db")
+    rebalance_once(Steady(rps=12.0), actuator, config, journal, now_s=7200.0)
+    assert actuator.inference_gpus() == 2
+    held = {}
+    for gang in ("a", "x", "b", "y"):  # packed: a, x on one node; b, y on another
+        lease = ledger.try_acquire(GangRequest(gang, "default", "gpu", None, 1, 1), "op", 1e9)
+        assert isinstance(lease, Lease)
+        held[gang] = lease
+    for gang in ("x", "y"):
+        ledger.release(held[gang].lease_id)
+    assert actuator.idle_training_gpus() == 4 and actuator.empty_nodes() == 1
+    filler = ledger.try_acquire(GangRequest("f", "default", "gpu", None, 1, 2), "op", 1e9)
+    assert isinstance(filler, Lease)  # the empty node is taken too: 2 idle, spread
+    assert actuator.idle_training_gpus() == 2 and actuator.empty_nodes() == 0
+
+    decision, applied = rebalance_once(Steady(rps=22.0), actuator, config, journal, now_s=7800.0)
+    assert decision.inference_gpus == 4 and applied is not None and applied.complete
+    assert actuator.inference_gpus() == 4
+    assert len(decision.reclaims) == 1 and decision.reclaims[0].gang_id in {"a", "b"}

@@ -261,6 +261,13 @@ class KubernetesActuator:
         free = sum(self._gpus(n) for n in self.gpu_nodes() if self._pool(n) != "inference")
         return free - sum(self._pod_gpus(p) for p in self._training_pods())
 
+    def empty_nodes(self) -> None:
+        """None: the policy counts GPUs here (the actuator moves the nodes it chooses)."""
+        return None
+
+    def pinned_nodes(self) -> frozenset[str]:
+        return frozenset()
+
     def training_work(self, since_s: float, until_s: float) -> None:
         """None: the cluster keeps no record of the work its preemptions cost (Kueue and
         Volcano journal no usage), so the broker lends at the fixed bound here."""

@@ -134,9 +134,29 @@ class LocalActuator:
                 x.min_workers * len(x.placements[0].devices)
                 if x.min_workers is not None and x.placements
                 else None,
+                tuple(p.node for p in x.placements),
             )
             for x in self._of_class()
             if not x.gang_id.startswith(INFERENCE_PREFIX) and x.preemptible
+        )
+
+    def empty_nodes(self) -> int | None:
+        """Nodes of the class no lease holds: what inference can grow onto at once. None
+        (the policy counts GPUs) unless every node of the class is one reservation's
+        worth, ``node_gpus`` devices."""
+        nodes = [n for n in self.ledger.inventory.nodes if n.device_class == self.device_class]
+        if not nodes or any(n.devices != self.node_gpus for n in nodes):
+            return None
+        used = self.ledger.used_devices(self.device_class)
+        return sum(1 for n in nodes if not used.get(n.name))
+
+    def pinned_nodes(self) -> frozenset[str]:
+        """Nodes held by a lease the broker may not stop (not preemptible, not its own)."""
+        return frozenset(
+            p.node
+            for x in self._of_class()
+            if not x.preemptible and not x.gang_id.startswith(INFERENCE_PREFIX)
+            for p in x.placements
         )
 
     def idle_training_gpus(self) -> int:

@@ -29,14 +29,15 @@ class NodePool:
     def training_nodes(self) -> list[int]:
         return [n for n in range(len(self.free)) if n not in self.inference]
 
-    def _empty(self) -> list[int]:
+    def empty(self) -> list[int]:
+        """Training nodes no gang holds."""
         return [n for n in self.training_nodes() if self.free[n] == self.node_gpus]
 
     def place(self, gang: str, gpus: int) -> bool:
         """Place a gang whole, or not at all: whole empty nodes for each full node's
         worth of its GPUs, the remainder on the fullest training node it fits."""
         whole, rest = divmod(gpus, self.node_gpus)
-        empty = self._empty()
+        empty = self.empty()
         if len(empty) < whole:
             return False
         taken = dict.fromkeys(empty[:whole], self.node_gpus)
@@ -93,7 +94,7 @@ class NodePool:
         for node in sorted(self.inference, reverse=True)[: max(0, len(self.inference) - wanted)]:
             self.inference.discard(node)
             self.free[node] = self.node_gpus
-        for node in self._empty()[: max(0, wanted - len(self.inference))]:
+        for node in self.empty()[: max(0, wanted - len(self.inference))]:
             self.inference.add(node)
             self.free[node] = 0
         return len(self.inference) * self.node_gpus
@@ -102,7 +103,7 @@ class NodePool:
         """The gangs to stop so that ``nodes`` more training nodes are empty: those on
         the nodes cheapest to empty (the sum of the ``cost`` of the gangs on each, in
         GPU-seconds a stop would lose), cheapest first."""
-        short = nodes - len(self._empty())
+        short = nodes - len(self.empty())
         if short <= 0:
             return []
         on: dict[int, set[str]] = {}

@@ -17,6 +17,7 @@ checkpoint; each is asked to checkpoint before it is evicted.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -87,6 +88,7 @@ class GangView:
     priority: int = 0
     last_checkpoint_s: float = 0.0  # when its newest checkpoint was committed (or it started)
     min_gpus: int | None = None  # elastic lower bound; None = rigid
+    nodes: tuple[str, ...] = ()  # the nodes it runs on, where the actuator knows them
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,17 @@ class Snapshot:
     gangs: tuple[GangView, ...] = ()
     last_lend_s: float | None = None  # when inference last lent GPUs to training
     lend_forecast: Forecast | None = None  # over config.lend_horizon_s; None: use forecast
+    # Training nodes no gang holds, where the actuator places gangs on nodes it names
+    # (None: it does not; the policy counts GPUs).
+    empty_nodes: int | None = None
+    # Training nodes that also hold what the policy may not stop (a gang that is not
+    # preemptible): stopping the gangs it sees there empties no node.
+    pinned_nodes: frozenset[str] = frozenset()
+
+    @property
+    def placed(self) -> bool:
+        """Whether growth must free whole nodes: the actuator names every gang's nodes."""
+        return self.empty_nodes is not None and all(g.nodes for g in self.gangs)
 
 
 class Action(StrEnum):
@@ -183,14 +196,74 @@ def _victims(snapshot: Snapshot, gpus: int) -> list[Reclaim]:
     return shrinks + stops
 
 
+def _stop_costs(now_s: float, gangs: tuple[GangView, ...]) -> dict[str, tuple[float, ...]]:
+    """What stopping each gang costs, compared tier by tier from the highest priority:
+    the GPUs stopped in each priority, then the GPU-seconds of work since checkpoints."""
+    tiers = sorted({g.priority for g in gangs}, reverse=True)
+    return {
+        g.gang_id: (
+            *(float(g.gpus if g.priority == tier else 0) for tier in tiers),
+            max(0.0, now_s - g.last_checkpoint_s) * g.gpus,
+        )
+        for g in gangs
+    }
+
+
+def _node_stops(snapshot: Snapshot, nodes: int, node_gpus: int) -> tuple[list[Reclaim], int]:
+    """Whole gangs stopped so that ``nodes`` busy nodes become empty, and how many do.
+
+    First the cheapest cover by count (``_stops``), which empties whole nodes when the
+    gangs are whole nodes; then, while too few nodes are empty (gangs smaller than a
+    node, spread), the node whose remaining gangs cost least to stop is emptied (a gang
+    spanning several nodes is stopped once and empties the others with it); then any
+    victim not needed for the nodes emptied is spared, the costliest first. Elastic
+    gangs are stopped too: a shrink frees GPUs where it leaves them, not whole nodes
+    (on the local backend a stopped elastic gang resumes on what its next lease
+    grants, down to its minimum).
+    """
+    if nodes <= 0:
+        return [], 0
+    costs = _stop_costs(snapshot.now_s, snapshot.gangs)
+    on: dict[str, set[str]] = {}
+    for view in snapshot.gangs:
+        for node in view.nodes:
+            if node not in snapshot.pinned_nodes:
+                on.setdefault(node, set()).add(view.gang_id)
+
+    def emptied(chosen: set[str]) -> int:
+        return sum(1 for gangs in on.values() if gangs <= chosen)
+
+    chosen = {r.gang_id for r in _stops(snapshot.now_s, snapshot.gangs, nodes * node_gpus)}
+    while emptied(chosen) < nodes:
+        busy = [n for n, gangs in on.items() if not gangs <= chosen]
+        if not busy:
+            break
+        _, cheapest = min((_summed(costs[g] for g in on[n] - chosen), n) for n in busy)
+        chosen |= on[cheapest]
+    enough = min(nodes, emptied(chosen))
+    for gang in sorted(chosen, key=lambda g: (costs[g], g), reverse=True):
+        if emptied(chosen - {gang}) >= enough:
+            chosen.discard(gang)
+    views = {g.gang_id: g for g in snapshot.gangs}
+    reclaims = [
+        Reclaim(g.gang_id, g.gpus, True, max(0.0, snapshot.now_s - g.last_checkpoint_s))
+        for g in sorted((views[x] for x in chosen), key=lambda g: (g.priority, g.gpus, g.gang_id))
+    ]
+    return reclaims, emptied(chosen)
+
+
+def _summed(costs: Iterable[tuple[float, ...]]) -> tuple[float, ...]:
+    return tuple(map(sum, zip(*costs, strict=True)))
+
+
 def _stops(now_s: float, gangs: tuple[GangView, ...], gpus: int) -> list[Reclaim]:
     """Whole gangs stopped for ``gpus`` GPUs at the least cost (all of them if too few)."""
-    tiers = sorted({g.priority for g in gangs}, reverse=True)
+    costs = _stop_costs(now_s, gangs)
 
     def cost_of(gang: GangView) -> tuple[float, ...]:
-        at_risk = max(0.0, now_s - gang.last_checkpoint_s)
-        stopped = tuple(float(gang.gpus if gang.priority == tier else 0) for tier in tiers)
-        return (*stopped, at_risk * gang.gpus)
+        return costs[gang.gang_id]
+
+    tiers = sorted({g.priority for g in gangs}, reverse=True)
 
     # Min-cost cover (a small knapsack): best[g] = cheapest set freeing >= g GPUs,
     # with g capped at the need. Costs compare tier by tier, highest priority first.
@@ -233,9 +306,18 @@ def decide(snapshot: Snapshot, config: PolicyConfig) -> Decision:
 
     if target > current:
         missing = target - current
-        from_idle = min(missing, snapshot.idle_training_gpus)
-        reclaims = _victims(snapshot, missing - from_idle)
-        freed = from_idle + sum(r.gpus for r in reclaims)
+        if snapshot.placed:
+            # Inference takes whole empty nodes: idle GPUs spread over busy nodes are
+            # of no use to it, and stopping gangs must empty whole nodes.
+            empty = snapshot.empty_nodes or 0
+            from_idle = min(missing, empty * config.node_gpus)
+            short = -(-(missing - from_idle) // config.node_gpus)
+            reclaims, emptied = _node_stops(snapshot, short, config.node_gpus)
+            freed = from_idle + emptied * config.node_gpus
+        else:
+            from_idle = min(missing, snapshot.idle_training_gpus)
+            reclaims = _victims(snapshot, missing - from_idle)
+            freed = from_idle + sum(r.gpus for r in reclaims)
         after = current + min(freed, missing)
         why = (
             f"measured load needs {needed} GPUs but inference has {current}"

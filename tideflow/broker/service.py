@@ -45,6 +45,10 @@ class Actuator(Protocol):
     def idle_training_gpus(self) -> int: ...
     def gangs(self) -> tuple[GangView, ...]: ...
     def apply(self, decision: Decision) -> Any: ...
+    # Training nodes no gang holds (None: the actuator does not place by node), and
+    # those holding a lease the broker may not stop.
+    def empty_nodes(self) -> int | None: ...
+    def pinned_nodes(self) -> frozenset[str]: ...
     # Training's time and stops over a past span (None: no record of them here).
     def training_work(self, since_s: float, until_s: float) -> TrainingWork | None: ...
 
@@ -453,6 +457,8 @@ def observe(
         measured_rps=last,
         forecast=scaled(forecaster.forecast(history, now_s, config.lead_s), margin),
         idle_training_gpus=actuator.idle_training_gpus(),
+        empty_nodes=actuator.empty_nodes(),
+        pinned_nodes=actuator.pinned_nodes(),
         gangs=actuator.gangs(),
         last_lend_s=journal.last_lend_s(),
         lend_forecast=scaled(

@@ -66,6 +66,9 @@ class SimulationConfig:
     # (``tideflow.broker.nodes``), so fragmentation can keep a gang waiting and make
     # inference's growth stop more gangs than the policy chose.
     placement: str = "gpus"
+    # With placement "nodes": the policy sees each gang's nodes and the empty ones, and
+    # chooses victims that empty whole nodes (False: victims chosen by count).
+    node_aware: bool = True
 
     def __post_init__(self) -> None:
         if self.placement not in ("gpus", "nodes"):
@@ -334,11 +337,13 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                         j.spec.priority,
                         now - (j.progress_s - j.committed_s) / j.speed,
                         j.spec.min_gpus if config.elastic else None,
+                        tuple(str(n) for n in pool.placed[j.spec.job_id]) if pool else (),
                     )
                     for j in running
                 ),
                 last_lend_s=last_lend,
                 lend_forecast=lend_forecast,
+                empty_nodes=len(pool.empty()) if pool and config.node_aware else None,
             )
             decision = decide(snapshot, policy_config)
             action, reason = str(decision.action), decision.reason
