@@ -244,6 +244,21 @@ def test_growing_evicts_through_the_eviction_api_then_moves_whole_nodes(
     assert last_eviction < first_node_patch
 
 
+def test_growing_takes_the_nodes_its_evictions_emptied_not_busy_ones(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """The policy stops job-b, alone on gpu-3; gpu-1 and gpu-2 still run job-a. The
+    node handed to inference is gpu-3: labelling a node that runs a gang would put
+    inference replicas beside training workers on the same GPUs' node."""
+    fake, api = cluster
+    fake.start_gangs()
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS, queue_kind="volcano"))
+    applied = actuator.apply(grow_to(16, "job-b"))
+    assert applied.evicted_pods == ("job-b-0",)
+    assert applied.inference_nodes == ("gpu-0", "gpu-3")
+    assert fake.node("gpu-1")["metadata"]["labels"].get("tideflow.io/pool") != "inference"
+
+
 def test_moving_a_node_changes_its_pool_label_and_taint_and_nothing_else(
     cluster: tuple[Cluster, Any],
 ) -> None:

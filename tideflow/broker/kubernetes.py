@@ -268,6 +268,13 @@ class KubernetesActuator:
     def pinned_nodes(self) -> frozenset[str]:
         return frozenset()
 
+    def _least_loaded(self, nodes: list[Any]) -> list[Any]:
+        """``nodes`` by the GPUs their live training pods request, fewest first."""
+        load: dict[str, int] = {}
+        for pod in self._training_pods():
+            load[pod.spec.node_name] = load.get(pod.spec.node_name, 0) + self._pod_gpus(pod)
+        return sorted(nodes, key=lambda n: (load.get(n.metadata.name, 0), n.metadata.name))
+
     def training_work(self, since_s: float, until_s: float) -> None:
         """None: the cluster keeps no record of the work its preemptions cost (Kueue and
         Volcano journal no usage), so the broker lends at the fixed bound here."""
@@ -581,8 +588,10 @@ class KubernetesActuator:
                     done, no = self._evict_gang(reclaim.gang_id, deadline)
                     evicted += done
                     refused += no
-            # Take whole nodes, the least loaded first (by name for a stable order).
-            for node in training:
+            # Take whole nodes, the least loaded first (the ones the evictions emptied;
+            # by name for a stable order): a node still running a gang would put
+            # inference's replicas beside its workers.
+            for node in self._least_loaded(training):
                 if have >= wanted:
                     break
                 self._set_pool(node, "inference")
