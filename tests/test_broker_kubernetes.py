@@ -22,7 +22,7 @@ import pytest
 from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.fake import documents
 from tests.kubefake.volcano_queue_webhook import validate_queue
-from tideflow.broker import Action, Decision, Reclaim
+from tideflow.broker import Action, Decision, Reclaim, decide
 from tideflow.broker.kubernetes import (
     ClusterTarget,
     KubernetesActuator,
@@ -33,7 +33,11 @@ from tideflow.checkpoint import CheckpointManager
 NS = "tideflow"
 BROKER = service_account(NS, "tideflow-broker")
 STARTED = "2026-11-23T06:00:00Z"
-PRIORITY = {"job-a": "tideflow-training", "job-b": "tideflow-training-high"}
+PRIORITY = {
+    "job-a": "tideflow-training",
+    "job-b": "tideflow-training-high",
+    "job-c": "tideflow-training",
+}
 
 
 def gpu_node(name: str, pool: str | None) -> dict[str, Any]:
@@ -259,6 +263,51 @@ def test_growing_takes_the_nodes_its_evictions_emptied_not_busy_ones(
     assert fake.node("gpu-1")["metadata"]["labels"].get("tideflow.io/pool") != "inference"
 
 
+def test_told_the_nodes_the_policy_empties_one_instead_of_counting_spread_idle_gpus(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """job-a fills gpu-1; job-c (4 GPUs) runs on gpu-2 and job-b (4) on gpu-3: 8 GPUs
+    idle by count, no node empty. Inference needs one more node. Counting, the policy
+    takes the idle GPUs and stops nobody, and the node inference gets still runs a
+    gang; told the nodes, it stops the gang of one node and that node is taken."""
+    from tideflow.broker import PolicyConfig
+    from tideflow.broker.journal import DecisionJournal
+    from tideflow.broker.load import LoadSample
+    from tideflow.broker.service import observe
+
+    class Steady:
+        window_s = 600.0
+
+        def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
+            first = max(0, int(start_s // 600) + 1)
+            return [LoadSample(i * 600.0, 10.0) for i in range(first, int(end_s // 600))]
+
+    fake, api = cluster
+    for name, gang, gpus, node in (
+        ("job-a-0", "job-a", 8, "gpu-1"),
+        ("job-c-0", "job-c", 4, "gpu-2"),
+        ("job-b-0", "job-b", 4, "gpu-3"),
+    ):
+        fake.fake.create(gang_pod(name, gang, gpus))
+        fake.fake.pods.run(NS, name, node=node, started=STARTED)
+    config = PolicyConfig(total_gpus=32, per_gpu_rps=1.0, node_gpus=8, headroom=0.0)
+    journal = DecisionJournal(tmp_path / "broker.db")
+    target = ClusterTarget(namespace=NS, queue_kind="volcano")
+    counting = KubernetesActuator(api, target)
+    assert counting.empty_nodes() is None
+    counted = decide(observe(Steady(), counting, config, journal, 7200.0), config)
+    assert counted.reclaims == (), counted
+
+    actuator = KubernetesActuator(api, target, node_gpus=8)
+    assert actuator.empty_nodes() == 0 and actuator.pinned_nodes() == frozenset()
+    decision = decide(observe(Steady(), actuator, config, journal, 7200.0), config)
+    assert decision.inference_gpus == 16
+    assert [r.gang_id for r in decision.reclaims] == ["job-c"]  # job-b's class is higher
+    applied = actuator.apply(decision)
+    assert applied.evicted_pods == ("job-c-0",)
+    assert applied.inference_nodes == ("gpu-0", "gpu-2")
+
+
 def test_moving_a_node_changes_its_pool_label_and_taint_and_nothing_else(
     cluster: tuple[Cluster, Any],
 ) -> None:
@@ -461,8 +510,8 @@ def test_observing_the_cluster_gives_pools_gangs_and_idle_gpus(
     assert committed.created_at > started
     # the pods' priorities come from their PriorityClasses (deploy/kubernetes)
     assert actuator.gangs() == (
-        GangView("job-a", 16, 1000, committed.created_at),
-        GangView("job-b", 4, 10000, started),
+        GangView("job-a", 16, 1000, committed.created_at, nodes=("gpu-1", "gpu-2")),
+        GangView("job-b", 4, 10000, started, nodes=("gpu-3",)),
     )
     assert actuator.idle_training_gpus() == 24 - 16 - 4
 

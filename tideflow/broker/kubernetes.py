@@ -179,6 +179,7 @@ class KubernetesActuator:
         *,
         grace_s: float = 300.0,
         retry_s: float = 5.0,
+        node_gpus: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -191,6 +192,7 @@ class KubernetesActuator:
         self.target = target
         self.grace_s = grace_s
         self.retry_s = retry_s
+        self.node_gpus = node_gpus  # GPUs per node the policy moves (None: not known)
         self.clock = clock
         self.sleep = sleep
         self.device_class = DEVICE_CLASSES.get(target.gpu_resource, "gpu")
@@ -261,12 +263,22 @@ class KubernetesActuator:
         free = sum(self._gpus(n) for n in self.gpu_nodes() if self._pool(n) != "inference")
         return free - sum(self._pod_gpus(p) for p in self._training_pods())
 
-    def empty_nodes(self) -> None:
-        """None: the policy counts GPUs here (the actuator moves the nodes it chooses)."""
-        return None
+    def empty_nodes(self) -> int | None:
+        """Training nodes no live pod runs on; None (the policy counts GPUs) unless every
+        GPU node holds the ``node_gpus`` the policy moves."""
+        nodes = self.gpu_nodes()
+        if self.node_gpus is None or any(self._gpus(n) != self.node_gpus for n in nodes):
+            return None
+        busy = {p.spec.node_name for p in self._training_pods()}
+        return sum(1 for n in nodes if self._pool(n) != "inference" and n.metadata.name not in busy)
 
     def pinned_nodes(self) -> frozenset[str]:
-        return frozenset()
+        """Training nodes running a pod of no tideflow gang, which the broker never evicts."""
+        return frozenset(
+            p.spec.node_name
+            for p in self._training_pods()
+            if not (p.metadata.labels or {}).get(GANG_LABEL)
+        )
 
     def _least_loaded(self, nodes: list[Any]) -> list[Any]:
         """``nodes`` by the GPUs their live training pods request, fewest first."""
@@ -297,6 +309,7 @@ class KubernetesActuator:
                     sum(self._pod_gpus(p) for p in pods),
                     min(int(p.spec.priority or 0) for p in pods),
                     work_at_risk_since(min(starts, default=0.0), _checkpoint_store(pods)),
+                    nodes=tuple(sorted({p.spec.node_name for p in pods if p.spec.node_name})),
                 )
             )
         return tuple(views)

@@ -212,10 +212,11 @@ def _stop_costs(now_s: float, gangs: tuple[GangView, ...]) -> dict[str, tuple[fl
 def _node_stops(snapshot: Snapshot, nodes: int, node_gpus: int) -> tuple[list[Reclaim], int]:
     """Whole gangs stopped so that ``nodes`` busy nodes become empty, and how many do.
 
-    First the cheapest cover by count (``_stops``), which empties whole nodes when the
-    gangs are whole nodes; then, while too few nodes are empty (gangs smaller than a
-    node, spread), the node whose remaining gangs cost least to stop is emptied (a gang
-    spanning several nodes is stopped once and empties the others with it); then any
+    Two candidates, the cheaper kept (the first on a tie): the cheapest cover by count
+    (``_stops``), which empties whole nodes when the gangs are whole nodes, and none;
+    each is completed while too few nodes are empty (gangs smaller than a node,
+    spread) by emptying the node whose remaining gangs cost least to stop (a gang
+    spanning several nodes is stopped once and empties the others with it), then any
     victim not needed for the nodes emptied is spared, the costliest first. Elastic
     gangs are stopped too: a shrink frees GPUs where it leaves them, not whole nodes
     (on the local backend a stopped elastic gang resumes on what its next lease
@@ -233,17 +234,31 @@ def _node_stops(snapshot: Snapshot, nodes: int, node_gpus: int) -> tuple[list[Re
     def emptied(chosen: set[str]) -> int:
         return sum(1 for gangs in on.values() if gangs <= chosen)
 
-    chosen = {r.gang_id for r in _stops(snapshot.now_s, snapshot.gangs, nodes * node_gpus)}
-    while emptied(chosen) < nodes:
-        busy = [n for n, gangs in on.items() if not gangs <= chosen]
-        if not busy:
-            break
-        _, cheapest = min((_summed(costs[g] for g in on[n] - chosen), n) for n in busy)
-        chosen |= on[cheapest]
-    enough = min(nodes, emptied(chosen))
-    for gang in sorted(chosen, key=lambda g: (costs[g], g), reverse=True):
-        if emptied(chosen - {gang}) >= enough:
-            chosen.discard(gang)
+    def completed(chosen: set[str]) -> set[str]:
+        """``chosen`` plus the cheapest nodes' gangs until enough nodes are empty, less
+        any victim the emptied nodes do not need (the costliest spared first)."""
+        chosen = set(chosen)
+        while emptied(chosen) < nodes:
+            busy = [n for n, gangs in on.items() if not gangs <= chosen]
+            if not busy:
+                break
+            _, cheapest = min((_summed(costs[g] for g in on[n] - chosen), n) for n in busy)
+            chosen |= on[cheapest]
+        enough = min(nodes, emptied(chosen))
+        for gang in sorted(chosen, key=lambda g: (costs[g], g), reverse=True):
+            if emptied(chosen - {gang}) >= enough:
+                chosen.discard(gang)
+        return chosen
+
+    by_count = completed(
+        {r.gang_id for r in _stops(snapshot.now_s, snapshot.gangs, nodes * node_gpus)}
+    )
+    by_node = completed(set())  # a node's idle GPUs make its gangs a cheaper cover
+
+    def rank(chosen: set[str]) -> tuple[int, tuple[float, ...]]:
+        return -emptied(chosen), _summed(costs[g] for g in chosen) if chosen else ()
+
+    chosen = by_node if rank(by_node) < rank(by_count) else by_count
     views = {g.gang_id: g for g in snapshot.gangs}
     reclaims = [
         Reclaim(g.gang_id, g.gpus, True, max(0.0, snapshot.now_s - g.last_checkpoint_s))

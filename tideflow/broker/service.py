@@ -575,7 +575,9 @@ def open_kubernetes(
     objects it moves named by ``TIDEFLOW_K8S_*`` and its teams by ``TIDEFLOW_CLUSTER_FILE``."""
     from tideflow.broker.kubernetes import KubernetesActuator, target_from_env
 
-    actuator = KubernetesActuator(api_client, target_from_env(), grace_s=settings.grace_s)
+    actuator = KubernetesActuator(
+        api_client, target_from_env(), grace_s=settings.grace_s, node_gpus=settings.node_gpus
+    )
     load = served(settings, load_source_from(settings.load))
     config = on_the_loads_clock(policy_config(settings, actuator.total_gpus()), load)
     config = within_inference_quota(config, actuator, settings)
