@@ -137,14 +137,17 @@ def test_a_gang_still_running_after_the_grace_is_forced_and_its_work_accounted_l
             device_class="gpu",
         )
     )
-    wait_for_step(backend.log_path("digits-train"), 5)
+    wait_for_step(backend.log_path("digits-train"), 25)  # past its checkpoints at 10, 20
 
     applied = actuator.apply(decide(load_now(actuator, 1000.0, 10.0), CONFIG))
     assert applied.forced == ("digits-train",) and applied.complete
     (span,) = [x for x in ledger.usage_spans(0) if x.gang_id == "digits-train"]
     held_s = span.ended_at - lease.acquired_at
-    # The ledger cannot read the gang's store here: its whole run is counted lost.
-    assert span.ended_by == "forced" and span.lost_device_s == pytest.approx(2 * held_s, abs=0.1)
+    # The work since its newest checkpoint is lost, read from the store it was given.
+    newest = CheckpointManager((tmp_path / "ckpt").as_uri()).latest()
+    since = span.ended_at - (newest.created_at if newest else lease.acquired_at)
+    assert span.ended_by == "forced" and span.lost_device_s == pytest.approx(2 * since, abs=0.1)
+    assert newest is not None and 0 < span.lost_device_s < 2 * held_s
     work = actuator.training_work(0, ledger.clock())
     assert work.stopped_gpus == 2 and work.recorded_lost_gpu_s == span.lost_device_s
     assert work.trained_gpu_s == pytest.approx(2 * held_s)

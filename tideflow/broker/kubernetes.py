@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
-from tideflow.broker.checkpoints import work_at_risk_since
 from tideflow.broker.policy import Decision, GangView
 from tideflow.broker.tenant import (
     INFERENCE_TEAM,
@@ -54,6 +53,7 @@ from tideflow.broker.tenant import (
     lendable,
 )
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
+from tideflow.checkpoint.recency import work_at_risk_since
 from tideflow.inventory import ClusterSpec, load_cluster
 from tideflow.kube.names import dns_label
 from tideflow.kube.volcano import GANG_LABEL, TEAM_LABEL

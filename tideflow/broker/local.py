@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 from tideflow.backends.protocol import Backend
 from tideflow.broker.calibrate import TrainingWork
-from tideflow.broker.checkpoints import work_at_risk_since
 from tideflow.broker.policy import Decision, GangView
 from tideflow.broker.tenant import INFERENCE_PRIORITY, capped, ceiling, governs_inference
 from tideflow.broker.tenant import INFERENCE_TEAM as INFERENCE_TEAM  # noqa: PLC0414 (tideflow.ui)
+from tideflow.checkpoint.recency import work_at_risk_since, work_lost_at
 from tideflow.gangs.evictions import enforce_evictions
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
@@ -213,7 +213,12 @@ class LocalActuator:
         if lease is None:
             return
         # A forced stop loses the work since the gang's last checkpoint: accounted so.
-        lost = max(self.ledger.work_at_risk(lease, self.ledger.clock()), 1e-9) if forced else 0.0
+        store = self.checkpoint_store(gang_id) if self.checkpoint_store else None
+        lost = (
+            max(work_lost_at(self.ledger.clock(), lease.acquired_at, store), 1e-9)
+            if forced
+            else 0.0
+        )
         self.ledger.release(lease.lease_id, lost_s=lost)
 
     def apply(self, decision: Decision) -> Applied:

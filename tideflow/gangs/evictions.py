@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tideflow.backends.protocol import Backend
+from tideflow.checkpoint.recency import work_lost_at
 from tideflow.scheduling import LeaseLedger
 
 
@@ -53,7 +54,11 @@ def enforce_evictions(
             ledger.mark_signalled(eviction.gang_id)
             steps.append(EvictionStep(eviction.gang_id, "asked", eviction.reason))
         elif clock() >= eviction.deadline:
-            lost = ledger.work_at_risk(lease, clock())
+            # the work since its last checkpoint, read from the store it was given (a
+            # backend that cannot say: since its start, the safe direction)
+            store_of = getattr(backend, "checkpoint_store", None)
+            store = store_of(eviction.gang_id) if store_of is not None else None
+            lost = work_lost_at(clock(), lease.acquired_at, store)
             backend.cancel(eviction.gang_id)
             ledger.release(lease.lease_id, lost_s=max(lost, 1e-9))
             steps.append(
