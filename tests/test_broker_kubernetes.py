@@ -308,6 +308,30 @@ def test_told_the_nodes_the_policy_empties_one_instead_of_counting_spread_idle_g
     assert applied.inference_nodes == ("gpu-0", "gpu-2")
 
 
+def test_a_node_whose_gang_a_pdb_kept_is_not_handed_to_inference(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """The PDB refuses every eviction of job-a through the grace: its nodes still run
+    it, and gpu-3 runs job-b. Inference gets no node rather than a busy one."""
+    fake, api = cluster
+    fake.start_gangs()
+    target = ClusterTarget(namespace=NS, queue_kind="volcano")
+    clock = iter(range(0, 10_000, 5))
+    actuator = KubernetesActuator(
+        api,
+        target,
+        grace_s=10,
+        retry_s=0.01,
+        clock=lambda: float(next(clock)),
+        sleep=lambda _s: None,
+    )
+    applied = actuator.apply(grow_to(16, "job-a"))
+    assert applied.inference_nodes == ("gpu-0",) and applied.inference_gpus == 8
+    assert "8 GPUs short: the other training nodes still run pods" in applied.note
+    for name in ("gpu-1", "gpu-2", "gpu-3"):
+        assert fake.node(name)["metadata"]["labels"].get("tideflow.io/pool") != "inference"
+
+
 def test_moving_a_node_changes_its_pool_label_and_taint_and_nothing_else(
     cluster: tuple[Cluster, Any],
 ) -> None:

@@ -254,6 +254,7 @@ def test_a_compressed_synthetic_day_is_the_same_day_faster() -> None:
     assert scaled.lead_s == config.lead_s * 180 / 86400
     assert scaled.cooldown_s == config.cooldown_s * 180 / 86400
     assert scaled.lend_horizon_s == config.lend_horizon_s * 180 / 86400
+    assert scaled.stop_cost_s == config.stop_cost_s * 180 / 86400
     for bad in ("synthetic:100@60", "synthetic:100@day", "synthetic:x"):
         with pytest.raises(LoadSourceError, match="DAY_S >= 144"):
             load_source_from(bad)

@@ -224,3 +224,11 @@ def test_the_local_broker_grows_onto_a_node_it_empties_not_onto_spread_idle_gpus
     assert decision.inference_gpus == 4 and applied is not None and applied.complete
     assert actuator.inference_gpus() == 4
     assert len(decision.reclaims) == 1 and decision.reclaims[0].gang_id in {"a", "b"}
+
+
+def test_a_gang_spanning_nodes_empties_them_all_at_once() -> None:
+    pool = NodePool(4, 8)
+    assert pool.place("wide", 16) and pool.place("a", 4) and pool.place("b", 4)
+    assert pool.placed["wide"] == {0: 8, 1: 8}
+    # wide is the cheapest; stopping it empties two nodes: nothing more is stopped
+    assert pool.to_empty(2, {"wide": 1.0, "a": 5.0, "b": 5.0}) == ["wide"]

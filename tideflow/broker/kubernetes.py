@@ -269,7 +269,7 @@ class KubernetesActuator:
         nodes = self.gpu_nodes()
         if self.node_gpus is None or any(self._gpus(n) != self.node_gpus for n in nodes):
             return None
-        busy = {p.spec.node_name for p in self._training_pods()}
+        busy = self._busy_nodes()
         return sum(1 for n in nodes if self._pool(n) != "inference" and n.metadata.name not in busy)
 
     def pinned_nodes(self) -> frozenset[str]:
@@ -280,12 +280,9 @@ class KubernetesActuator:
             if not (p.metadata.labels or {}).get(GANG_LABEL)
         )
 
-    def _least_loaded(self, nodes: list[Any]) -> list[Any]:
-        """``nodes`` by the GPUs their live training pods request, fewest first."""
-        load: dict[str, int] = {}
-        for pod in self._training_pods():
-            load[pod.spec.node_name] = load.get(pod.spec.node_name, 0) + self._pod_gpus(pod)
-        return sorted(nodes, key=lambda n: (load.get(n.metadata.name, 0), n.metadata.name))
+    def _busy_nodes(self) -> set[str]:
+        """Training nodes a live pod runs on (an evicted one, terminating, no longer)."""
+        return {p.spec.node_name for p in self._training_pods()}
 
     def training_work(self, since_s: float, until_s: float) -> None:
         """None: the cluster keeps no record of the work its preemptions cost (Kueue and
@@ -601,15 +598,23 @@ class KubernetesActuator:
                     done, no = self._evict_gang(reclaim.gang_id, deadline)
                     evicted += done
                     refused += no
-            # Take whole nodes, the least loaded first (the ones the evictions emptied;
-            # by name for a stable order): a node still running a gang would put
-            # inference's replicas beside its workers.
-            for node in self._least_loaded(training):
+            # Take whole empty nodes (the ones the evictions emptied; by name for a
+            # stable order): a node still running a pod would put inference's
+            # replicas beside its workers. What is still busy is a shortfall.
+            busy = self._busy_nodes()
+            for node in training:
                 if have >= wanted:
                     break
+                if node.metadata.name in busy:
+                    continue
                 self._set_pool(node, "inference")
                 inference.append(node)
                 have += self._gpus(node)
+            if have < wanted:
+                rules_note += (
+                    f"; {wanted - have} GPUs short: the other training nodes still run pods"
+                    + (" (a PDB kept the evictions)" if refused else "")
+                )
         elif wanted < have:
             for node in sorted(inference, key=lambda n: n.metadata.name, reverse=True):
                 if have - self._gpus(node) < wanted:

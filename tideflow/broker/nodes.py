@@ -113,8 +113,8 @@ class NodePool:
         busy = sorted(on, key=lambda n: (sum(cost[g] for g in on[n]), len(on[n]), n))
         chosen: list[str] = []
         for node in busy:
-            if short <= 0:
+            # a gang spanning several nodes empties them all: count what is empty now
+            if sum(1 for gangs in on.values() if gangs <= set(chosen)) >= short:
                 break
             chosen += sorted(on[node] - set(chosen))
-            short -= 1
         return chosen

@@ -181,6 +181,8 @@ def on_the_loads_clock(config: PolicyConfig, load: LoadSource) -> PolicyConfig:
         lead_s=config.lead_s * scale,
         lend_horizon_s=config.lend_horizon_s * scale,
         cooldown_s=config.cooldown_s * scale,
+        # the budget's week shrinks with the day: so does what it charges for a stop
+        stop_cost_s=config.stop_cost_s * scale,
     )
 
 
