@@ -328,8 +328,32 @@ def test_a_node_whose_gang_a_pdb_kept_is_not_handed_to_inference(
     applied = actuator.apply(grow_to(16, "job-a"))
     assert applied.inference_nodes == ("gpu-0",) and applied.inference_gpus == 8
     assert "8 GPUs short: the other training nodes still run pods" in applied.note
+    assert "(a PDB kept the evictions)" in applied.note
     for name in ("gpu-1", "gpu-2", "gpu-3"):
         assert fake.node(name)["metadata"]["labels"].get("tideflow.io/pool") != "inference"
+
+
+def test_a_cordoned_or_unready_empty_node_is_not_handed_to_inference(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """gpu-2 is cordoned (drained for maintenance) and gpu-3 not Ready; both are empty.
+    Inference gets gpu-1, the one empty node it can use, and counts no other."""
+    fake, api = cluster
+    cordoned = dict(fake.fake.get("v1", "Node", "gpu-2"))
+    cordoned["spec"] = {**cordoned["spec"], "unschedulable": True}
+    fake.fake.seed(cordoned)
+    fake.fake.set_status(
+        fake.fake.get("v1", "Node", "gpu-3"),
+        {
+            "allocatable": {"nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "Unknown"}],
+        },
+    )
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS), node_gpus=8)
+    assert actuator.empty_nodes() == 1
+    applied = actuator.apply(grow_to(32))
+    assert applied.inference_nodes == ("gpu-0", "gpu-1") and applied.inference_gpus == 16
+    assert "16 GPUs short" in applied.note
 
 
 def test_moving_a_node_changes_its_pool_label_and_taint_and_nothing_else(

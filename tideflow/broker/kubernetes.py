@@ -281,8 +281,15 @@ class KubernetesActuator:
         )
 
     def _busy_nodes(self) -> set[str]:
-        """Training nodes a live pod runs on (an evicted one, terminating, no longer)."""
-        return {p.spec.node_name for p in self._training_pods()}
+        """Training nodes inference cannot take now: a live pod runs on them (an evicted
+        one, terminating, no longer counts), or they are cordoned or not Ready."""
+        busy = {p.spec.node_name for p in self._training_pods()}
+        for node in self.gpu_nodes():
+            conditions = (node.status.conditions or []) if node.status else []
+            not_ready = any(c.type == "Ready" and c.status != "True" for c in conditions)
+            if node.spec.unschedulable or not_ready:
+                busy.add(node.metadata.name)
+        return busy
 
     def training_work(self, since_s: float, until_s: float) -> None:
         """None: the cluster keeps no record of the work its preemptions cost (Kueue and
@@ -612,7 +619,8 @@ class KubernetesActuator:
                 have += self._gpus(node)
             if have < wanted:
                 rules_note += (
-                    f"; {wanted - have} GPUs short: the other training nodes still run pods"
+                    f"; {wanted - have} GPUs short: the other training nodes still run pods "
+                    "or are cordoned or not Ready"
                     + (" (a PDB kept the evictions)" if refused else "")
                 )
         elif wanted < have:
