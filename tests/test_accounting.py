@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.at_once import open_at_once
 from tideflow.inventory import load_cluster
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 from tideflow.scheduling.accounting import (
@@ -546,12 +547,8 @@ def test_a_ledger_written_before_models_keeps_its_rows_their_model_unknown(
     assert risk == [("", 2.0), ("H100", 1.0)]
 
 
-def _open_at_once(path: str, cluster: str, barrier: object, errors: object) -> None:
-    barrier.wait()  # type: ignore[attr-defined]
-    try:
-        LeaseLedger(Path(path), load_cluster(Path(cluster)))
-    except Exception as exc:  # the test reports any failure to open
-        errors.put(repr(exc))  # type: ignore[attr-defined]
+def _open_ledger(path: Path, cluster: Path) -> None:
+    LeaseLedger(path, load_cluster(cluster))
 
 
 def test_processes_opening_an_old_ledger_at_once_all_upgrade_it(tmp_path: Path) -> None:
@@ -559,7 +556,6 @@ def test_processes_opening_an_old_ledger_at_once_all_upgrade_it(tmp_path: Path) 
     each reads the usage table's columns and adds the missing one, so without one
     transaction around both, all but one fail ('duplicate column name'). Six processes,
     released together by a barrier, over 15 fresh old ledgers."""
-    import multiprocessing
     import sqlite3
 
     cluster = tmp_path / "cluster.yaml"
@@ -567,30 +563,15 @@ def test_processes_opening_an_old_ledger_at_once_all_upgrade_it(tmp_path: Path) 
         "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: lab}\nnodes:\n"
         "  - {name: h100, count: 1, cpu: 8, accelerators: {class: gpu, model: H100, count: 2}}\n"
     )
-    context = multiprocessing.get_context("fork")
-    errors = context.Queue()
     for round_ in range(15):
         path = tmp_path / f"leases-{round_}.db"
         with sqlite3.connect(path) as db:
             db.execute("PRAGMA journal_mode=WAL")  # as every tideflow ledger is
             db.executescript(OLD_USAGE_TABLE)
-        barrier = context.Barrier(6)
-        workers = [
-            context.Process(target=_open_at_once, args=(str(path), str(cluster), barrier, errors))
-            for _ in range(6)
-        ]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join(60)
-        assert all(worker.exitcode == 0 for worker in workers)
+        assert open_at_once(_open_ledger, (path, cluster), 6) == []
         with sqlite3.connect(path) as db:
             columns = [row[1] for row in db.execute("PRAGMA table_info(usage)")]
         assert columns.count("model") == 1
-    found = []
-    while not errors.empty():
-        found.append(errors.get())
-    assert found == []
 
 
 def test_a_lease_ended_by_a_process_that_does_not_know_its_nodes_keeps_its_model(

@@ -6,11 +6,11 @@ A real ledger and decision journal; no gangs (the actuator has no backend).
 
 from __future__ import annotations
 
-import multiprocessing
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
+from tests.at_once import open_at_once
 from tideflow.broker import Action, PolicyConfig
 from tideflow.broker.journal import DecisionJournal
 from tideflow.broker.load import LoadSample
@@ -100,39 +100,16 @@ def test_an_old_journal_reads_its_decisions_as_held(tmp_path: Path) -> None:
     assert (entry.held_gpus, entry.gpus_held, entry.reason) == (None, 2, "old")
 
 
-def _open_at_once(path: str, barrier: object, errors: object) -> None:
-    barrier.wait()  # type: ignore[attr-defined]
-    try:
-        DecisionJournal(Path(path))
-    except Exception as exc:  # the test reports any failure to open
-        errors.put(repr(exc))  # type: ignore[attr-defined]
-
-
 def test_processes_opening_an_old_journal_at_once_all_upgrade_it(tmp_path: Path) -> None:
     """The broker DAG's sensor, its rebalance task and the page open the journal together
     after an upgrade; each adds the missing column. Four processes released together by
     a barrier, over 10 old journals."""
-    context = multiprocessing.get_context("fork")
-    errors = context.Queue()
     for round_ in range(10):
         path = tmp_path / f"broker-{round_}.db"
         with sqlite3.connect(path) as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(OLD_DECISIONS_TABLE)
-        barrier = context.Barrier(4)
-        workers = [
-            context.Process(target=_open_at_once, args=(str(path), barrier, errors))
-            for _ in range(4)
-        ]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join(60)
-        assert all(worker.exitcode == 0 for worker in workers)
+        assert open_at_once(DecisionJournal, (path,), 4) == []
         with sqlite3.connect(path) as db:
             columns = [row[1] for row in db.execute("PRAGMA table_info(decisions)")]
         assert columns.count("held_gpus") == 1
-    found = []
-    while not errors.empty():
-        found.append(errors.get())
-    assert found == []
