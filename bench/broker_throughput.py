@@ -26,25 +26,16 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from tideflow.broker.calibrate import SloCalibration, scaled
-from tideflow.broker.forecast import LoadForecaster, clean_outages
-from tideflow.broker.load import (
-    LoadSource,
-    ServedWindow,
-    SyntheticLatency,
-    SyntheticLoad,
-    TraceLoad,
-)
-from tideflow.broker.policy import Action, PolicyConfig, Snapshot, decide
-from tideflow.broker.throughput import Served, ThroughputLearner
+from tideflow.broker.learning import replay_learning
+from tideflow.broker.load import LoadSource, SyntheticLatency, SyntheticLoad, TraceLoad
+from tideflow.broker.policy import PolicyConfig
 
 TRACES = {"m-mid": ("servegen_m-mid.csv", 25.0), "m-large": ("servegen_m-large.csv", 3.0)}
 FACTORS = (0.5, 0.7, 1.0, 1.3, 1.5)
 SLO_S = 1.0
-WEEK = 7 * 144  # 10-minute windows
 
 
 @dataclass(frozen=True)
@@ -69,7 +60,6 @@ def replay(case: Case, factor: float, *, learn: bool) -> Outcome:
     """The broker planning at ``factor`` times the true throughput, learning it or not."""
     step = case.load.window_s
     raw = case.load.samples(case.start_s, case.end_s)
-    seen = clean_outages(raw)
     peak = max(s.rate or 0.0 for s in raw)
     node = 8
     total = math.ceil(peak / case.true_rps / 0.5 * 1.1 / node) * node
@@ -82,54 +72,20 @@ def replay(case: Case, factor: float, *, learn: bool) -> Outcome:
         lead_s=step,
     )
     serving = SyntheticLatency(case.true_rps, slo_s=SLO_S, window_s=step)
-    learner = ThroughputLearner()
-    forecaster = LoadForecaster(step, quantile=0.99)
-    calibration, margin = SloCalibration(), 0.0
-    inference, last_lend, needed_before = total // 2, None, None
-    estimate = configured.per_gpu_rps
-    observations: list[Served] = []
-    held: list[bool] = []
-    gpus: list[int] = []
-    within: float | None = None
-    for index, sample in enumerate(seen):
-        now = sample.start_s
-        if needed_before is not None:
-            margin = calibration.next(margin, inference >= needed_before)
-        if learn:
-            start = estimate if estimate != configured.per_gpu_rps else None
-            estimate = learner.learn(observations[-WEEK:], configured.per_gpu_rps, SLO_S, start).rps
-        if within is None and estimate <= 1.05 * case.true_rps:
-            within = (now - case.start_s) / 3600
-        config = replace(configured, per_gpu_rps=estimate)
-        history = seen[max(0, index - 8 * 144) : index]
-        decision = decide(
-            Snapshot(
-                now_s=now,
-                inference_gpus=inference,
-                measured_rps=seen[index - 1].rate if index else None,
-                forecast=scaled(forecaster.forecast(history, now, config.lead_s), margin),
-                idle_training_gpus=total - inference,
-                last_lend_s=last_lend,
-                lend_forecast=forecaster.forecast(
-                    history, now, config.lend_horizon_s, config.lend_quantile
-                ),
-            ),
-            config,
-        )
-        last_lend = now if decision.action == Action.LEND else last_lend
-        inference = decision.inference_gpus
-        rate = raw[index].rate
-        (latency,) = serving.signals([ServedWindow(now, rate, inference)])
-        observations.append(Served(rate, inference, latency))
-        needed_before = math.ceil(rate / config.per_gpu_rps) if rate else None
-        if rate and latency is not None:
-            held.append(latency <= SLO_S)
-            gpus.append(inference)
+    windows = replay_learning(
+        raw, configured, lambda _start: serving, SLO_S, learn=learn, window_s=step
+    )
+    within = next(
+        ((w.start_s - case.start_s) / 3600 for w in windows if w.estimate <= 1.05 * case.true_rps),
+        None,
+    )
+    served = [w for w in windows if w.rate and w.latency is not None]
+    held = [w.latency is not None and w.latency <= SLO_S for w in served]
     return Outcome(
         attainment=sum(held) / len(held),
         attainment_after_day1=sum(held[144:]) / len(held[144:]),
-        mean_gpus=statistics.fmean(gpus),
-        final_rps=estimate,
+        mean_gpus=statistics.fmean(w.gpus for w in served),
+        final_rps=windows[-1].estimate,
         within_5pct_h=within,
     )
 

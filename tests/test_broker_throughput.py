@@ -23,9 +23,8 @@ from typing import Any
 import pytest
 
 from tests.test_broker_load import _PrometheusAnswers, prometheus
-from tideflow.broker.calibrate import SloCalibration, scaled
-from tideflow.broker.forecast import LoadForecaster, clean_outages
 from tideflow.broker.journal import DecisionJournal, JournalEntry
+from tideflow.broker.learning import replay_learning
 from tideflow.broker.load import (
     LoadSample,
     LoadSourceError,
@@ -35,7 +34,7 @@ from tideflow.broker.load import (
     SyntheticLoad,
 )
 from tideflow.broker.local import LocalActuator
-from tideflow.broker.policy import Action, PolicyConfig, Snapshot, decide
+from tideflow.broker.policy import PolicyConfig
 from tideflow.broker.service import (
     BrokerSettings,
     ServedLoad,
@@ -82,7 +81,6 @@ def replay(
     """The broker planning at ``factor`` times the true throughput (learning it or not)."""
     load = SyntheticLoad(mean_rps=1000.0, outage_probability=outages, seed=3)
     raw = load.samples(0.0, days * 86400.0)
-    seen = clean_outages(raw)
     configured = PolicyConfig(
         total_gpus=160,
         per_gpu_rps=TRUE_RPS * factor,
@@ -91,50 +89,21 @@ def replay(
         min_inference_gpus=8,
         lead_s=600.0,
     )
-    forecaster = LoadForecaster(600.0, quantile=0.99)
-    calibration, margin = SloCalibration(), 0.0
-    inference, last_lend, needed_before = 80, None, None
-    observations: list[Served] = []
+    windows = replay_learning(
+        raw,
+        configured,
+        lambda start: SyntheticLatency(capacity(start), slo_s=SLO_S, window_s=600.0),
+        SLO_S,
+        learn=learn,
+    )
     out = Replay([], [], [], [], [])
-    estimate = configured.per_gpu_rps
-    for index, sample in enumerate(seen):
-        now = sample.start_s
-        if needed_before is not None:
-            margin = calibration.next(margin, inference >= needed_before)
-        if learn:  # as the service does: the last week, from the rate learned so far
-            start = estimate if estimate != configured.per_gpu_rps else None
-            estimate = LEARNER.learn(
-                observations[-7 * DAY :], configured.per_gpu_rps, SLO_S, start
-            ).rps
-        config = replace(configured, per_gpu_rps=estimate)
-        history = seen[max(0, index - 8 * DAY) : index]
-        decision = decide(
-            Snapshot(
-                now_s=now,
-                inference_gpus=inference,
-                measured_rps=seen[index - 1].rate if index else None,
-                forecast=scaled(forecaster.forecast(history, now, config.lead_s), margin),
-                idle_training_gpus=config.total_gpus - inference,
-                last_lend_s=last_lend,
-                lend_forecast=forecaster.forecast(
-                    history, now, config.lend_horizon_s, config.lend_quantile
-                ),
-            ),
-            config,
-        )
-        last_lend = now if decision.action == Action.LEND else last_lend
-        inference = decision.inference_gpus
-        rate = raw[index].rate
-        serving = SyntheticLatency(capacity(now), slo_s=SLO_S, window_s=600.0)
-        (latency,) = serving.signals([ServedWindow(now, rate, inference)])
-        observations.append(Served(rate, inference, latency))
-        needed_before = math.ceil(rate / config.per_gpu_rps) if rate else None
-        if rate and latency is not None:
-            out.starts.append(now)
-            out.held.append(latency <= SLO_S)
-            out.gpus.append(inference)
-            out.estimates.append(estimate)
-            out.per_gpu.append(rate / inference)
+    for w in windows:
+        if w.rate and w.latency is not None:
+            out.starts.append(w.start_s)
+            out.held.append(w.latency <= SLO_S)
+            out.gpus.append(w.gpus)
+            out.estimates.append(w.estimate)
+            out.per_gpu.append(w.rate / w.gpus)
     return out
 
 
