@@ -165,7 +165,7 @@ class LocalActuator:
 
     def training_work(self, since_s: float, until_s: float) -> TrainingWork:
         """Training's device-time on the class over [since_s, until_s] and the stops in it,
-        from the ledger's usage record (``LeaseLedger.usage``).
+        from the ledger's usage record (``LeaseLedger.usage_spans``).
 
         Every stop counts, whoever asked for it (the broker, a lender's reclaim, a
         priority preemption): each costs training work, the safe direction for a budget.
