@@ -530,3 +530,61 @@ def test_an_inference_quota_the_broker_cannot_hold_is_refused_at_open(
     settings = BrokerSettings(load="synthetic:100", per_gpu_rps=10.0)
     with pytest.raises(ValueError, match=r"holds no whole node of 8 GPU\(s\).*quota 0"):
         open_kubernetes(settings, tmp_path / "broker.db", fake.client(BROKER))
+
+
+def test_a_borrowers_node_a_pdb_kept_it_on_is_not_handed_to_inference(
+    fake: KubeFake, tmp_path: Path
+) -> None:
+    """Vision's borrower runs on gpu-2 and its PodDisruptionBudget refuses every eviction
+    through the rule's grace: the pod still runs there, so gpu-2 stays training's (its
+    taint would otherwise sit under a running worker beside inference's replicas) and
+    the note says a PDB kept it."""
+    cluster = Cluster(fake, teams_file(tmp_path))
+    cluster.run("vision-own", "vision", "gpu-1", "2026-11-23T06:00:00Z")
+    cluster.run("vision-borrows", "vision", "gpu-2", "2026-11-23T07:00:00Z")
+    cluster.run("nlp-own", "nlp", "gpu-3", "2026-11-23T05:00:00Z")
+    cluster.budget("vision-borrows", 0)  # never allows
+
+    applied = cluster.actuator(grace_s=30).apply(to(16, "vision-borrows"))
+
+    assert applied.refused_by_pdb == ("vision-borrows-0",)
+    assert applied.inference_gpus == 8
+    assert cluster.pools()["gpu-2"] == "training"
+    assert "8 GPUs short: gpu-2 still runs the pods a PDB kept" in applied.note
+
+
+def test_a_cordoned_or_unready_node_is_not_taken_by_the_tenant_broker(
+    fake: KubeFake, tmp_path: Path
+) -> None:
+    """gpu-1 is cordoned and gpu-2 not Ready, both empty; gpu-3 is empty and usable.
+    Growing to inference's quota takes gpu-3, not the first empty node by name."""
+    cluster = Cluster(fake, teams_file(tmp_path))
+    cordoned = dict(fake.get("v1", "Node", "gpu-1"))
+    cordoned["spec"] = {**cordoned["spec"], "unschedulable": True}
+    fake.seed(cordoned)
+    fake.set_status(
+        fake.get("v1", "Node", "gpu-2"),
+        {"allocatable": {GPU: "8"}, "conditions": [{"type": "Ready", "status": "False"}]},
+    )
+
+    applied = cluster.actuator().apply(to(16))
+
+    assert applied.inference_gpus == 16
+    assert [n for n, p in cluster.pools().items() if p == "inference"] == ["gpu-0", "gpu-3"]
+
+
+def test_a_node_running_a_pod_of_no_gang_is_not_taken_by_the_tenant_broker(
+    fake: KubeFake, tmp_path: Path
+) -> None:
+    """gpu-1 runs a GPU pod that belongs to no tideflow gang (someone's notebook): the
+    broker never evicts it, so gpu-1 is not empty and inference takes gpu-2 instead."""
+    cluster = Cluster(fake, teams_file(tmp_path))
+    pod = gang_pod("notebook-0", "x", None)
+    del pod["metadata"]["labels"]["tideflow.io/gang"]
+    fake.create(pod)
+    fake.pods.run(NS, "notebook-0", node="gpu-1", started="2026-11-23T04:00:00Z")
+
+    applied = cluster.actuator().apply(to(16))
+
+    assert applied.inference_gpus == 16 and applied.evicted_pods == ()
+    assert [n for n, p in cluster.pools().items() if p == "inference"] == ["gpu-0", "gpu-2"]

@@ -283,13 +283,18 @@ class KubernetesActuator:
     def _busy_nodes(self) -> set[str]:
         """Training nodes inference cannot take now: a live pod runs on them (an evicted
         one, terminating, no longer counts), or they are cordoned or not Ready."""
-        busy = {p.spec.node_name for p in self._training_pods()}
+        return {p.spec.node_name for p in self._training_pods()} | self._unusable_nodes()
+
+    def _unusable_nodes(self) -> set[str]:
+        """GPU nodes cordoned (drained for maintenance) or not Ready: inference's replicas
+        would not start there, so the broker neither counts nor takes them."""
+        unusable = set()
         for node in self.gpu_nodes():
             conditions = (node.status.conditions or []) if node.status else []
             not_ready = any(c.type == "Ready" and c.status != "True" for c in conditions)
             if node.spec.unschedulable or not_ready:
-                busy.add(node.metadata.name)
-        return busy
+                unusable.add(node.metadata.name)
+        return unusable
 
     def training_work(self, since_s: float, until_s: float) -> None:
         """None: the cluster keeps no record of the work its preemptions cost (Kueue and
@@ -536,9 +541,11 @@ class KubernetesActuator:
         now = time.time()
         on_node: dict[str, set[str]] = {}
         for pod in pods:
-            gang = (pod.metadata.labels or {}).get(GANG_LABEL)
-            if gang:
-                on_node.setdefault(pod.spec.node_name, set()).add(gang)
+            # A pod of no gang is never evicted: named as a gang no rule lets anyone
+            # stop, it keeps its node training's as a non-borrowing gang would.
+            gang = (pod.metadata.labels or {}).get(GANG_LABEL) or f"pod {pod.metadata.name}"
+            on_node.setdefault(pod.spec.node_name, set()).add(gang)
+        unusable = self._unusable_nodes()
         held = borrowers(
             self.teams, self._pool_gangs(pods, now), have, self.device_class, self.model
         )
@@ -550,6 +557,7 @@ class KubernetesActuator:
                     n.metadata.name, self._gpus(n), frozenset(on_node.get(n.metadata.name, ()))
                 )
                 for n in training
+                if n.metadata.name not in unusable
             ],
             have=have,
             target=target,
@@ -594,10 +602,22 @@ class KubernetesActuator:
                 )
                 evicted += done
                 refused += no
+            # A node whose gang a PDB kept past the grace still runs it: not taken.
+            busy = self._busy_nodes() if evictions else set()
+            kept = [n for n in taking if n.metadata.name in busy]
             for node in taking:
+                if node in kept:
+                    continue
                 self._set_pool(node, "inference")
                 inference.append(node)
                 have += self._gpus(node)
+            if kept:
+                rules_note += (
+                    f"; {sum(self._gpus(n) for n in kept)} GPUs short: "
+                    f"{', '.join(n.metadata.name for n in kept)} still "
+                    + ("runs" if len(kept) == 1 else "run")
+                    + " the pods a PDB kept"
+                )
         elif wanted > have:
             deadline = started + self.grace_s
             for reclaim in decision.reclaims:
