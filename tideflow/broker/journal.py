@@ -11,6 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from tideflow.broker.calibrate import TrainingWork
 from tideflow.broker.policy import Decision
 from tideflow.storage.sqlite_columns import add_missing_columns
 
@@ -28,12 +29,14 @@ CREATE TABLE IF NOT EXISTS decisions (
     preempted TEXT NOT NULL,
     reason TEXT NOT NULL,
     applied TEXT NOT NULL,
-    held_gpus INTEGER
+    held_gpus INTEGER,
+    training_gpus INTEGER,
+    stopped_gpus INTEGER
 );
 CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at_s);
 """
-# Journals written before the GPUs held were recorded gain the column (NULL: as decided).
-_UPGRADES = (("held_gpus", "INTEGER"),)
+# Journals written before these were recorded gain the columns (NULL: not recorded).
+_UPGRADES = (("held_gpus", "INTEGER"), ("training_gpus", "INTEGER"), ("stopped_gpus", "INTEGER"))
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class JournalEntry:
     reason: str
     applied: str
     held_gpus: int | None = None  # inference's GPUs once applied (None: not recorded)
+    training_gpus: int | None = None  # GPUs training's gangs held when it was decided
+    stopped_gpus: int | None = None  # GPUs of the gangs the step stopped (None: not known)
 
     @property
     def gpus_held(self) -> int:
@@ -83,12 +88,15 @@ class DecisionJournal:
         forecast_upper: float | None,
         applied: str = "",
         held_gpus: int | None = None,
+        training_gpus: int | None = None,
+        stopped_gpus: int | None = None,
     ) -> None:
         with self._db() as db:
             db.execute(
                 "INSERT INTO decisions (at_s, action, inference_gpus, total_gpus, "
                 "measured_rps, forecast_upper, needed, wanted, emergency, preempted, reason, "
-                "applied, held_gpus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "applied, held_gpus, training_gpus, stopped_gpus) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     at_s,
                     str(decision.action),
@@ -103,6 +111,8 @@ class DecisionJournal:
                     decision.reason,
                     applied,
                     held_gpus,
+                    training_gpus,
+                    stopped_gpus,
                 ),
             )
 
@@ -113,7 +123,8 @@ class DecisionJournal:
             rows = db.execute(
                 "SELECT at_s, action, inference_gpus, total_gpus, measured_rps, "
                 "forecast_upper, needed, wanted, emergency, preempted, reason, applied, "
-                "held_gpus FROM decisions WHERE at_s >= ? ORDER BY at_s",
+                "held_gpus, training_gpus, stopped_gpus FROM decisions WHERE at_s >= ? "
+                "ORDER BY at_s",
                 (at_s,),
             ).fetchall()
         return [
@@ -131,9 +142,28 @@ class DecisionJournal:
                 str(r[10]),
                 str(r[11]),
                 None if r[12] is None else int(r[12]),
+                None if r[13] is None else int(r[13]),
+                None if r[14] is None else int(r[14]),
             )
             for r in rows
         ]
+
+    def training_work(self, since_s: float, until_s: float, step_s: float) -> TrainingWork | None:
+        """Training's GPU-time and stops over [since, until), as the broker saw them at
+        its steps: each step's training GPUs held until the next step (at most two
+        steps' worth: the broker was down in a longer gap, and nothing is assumed of
+        it), and the GPUs of the gangs it stopped. None where no step recorded them
+        (a journal from before they were). The work a stop forced past its grace
+        threw away is not known here, only the stop."""
+        entries = [e for e in self.since(since_s) if e.at_s < until_s]
+        if not any(e.training_gpus is not None for e in entries):
+            return None
+        trained = 0.0
+        for entry, after in zip(entries, [*(e.at_s for e in entries[1:]), until_s], strict=True):
+            if entry.training_gpus is not None:
+                trained += entry.training_gpus * min(after - entry.at_s, 2 * step_s)
+        stopped = sum(e.stopped_gpus or 0 for e in entries)
+        return TrainingWork(trained, 0.0, stopped)
 
     def last(self) -> JournalEntry | None:
         with self._db() as db:

@@ -169,6 +169,7 @@ class KubernetesApplied:
     evicted_pods: tuple[str, ...]
     refused_by_pdb: tuple[str, ...]
     note: str
+    stopped_gpus: int = 0  # the GPUs of the pods evicted (the journal's record of stops)
 
 
 class KubernetesActuator:
@@ -298,7 +299,8 @@ class KubernetesActuator:
 
     def training_work(self, since_s: float, until_s: float) -> None:
         """None: the cluster keeps no record of the work its preemptions cost (Kueue and
-        Volcano journal no usage), so the broker lends at the fixed bound here."""
+        Volcano journal no usage), so the broker weighs its own journal's (the training
+        GPUs it saw at each step and the pods it evicted; ``DecisionJournal.training_work``)."""
         return None
 
     def gangs(self) -> tuple[GangView, ...]:
@@ -581,6 +583,46 @@ class KubernetesActuator:
             )
         return nodes, growth.evictions, note
 
+    def _take_as_tenant(
+        self,
+        training: list[Any],
+        inference: list[Any],
+        *,
+        have: int,
+        wanted: int,
+        total: int,
+        started: float,
+    ) -> tuple[int, list[str], list[str], str]:
+        """Grow as inference's tenant: evict the borrowers, then take the nodes they
+        emptied (appended to ``inference``). The GPUs held then, the pods evicted and
+        refused, and the note's words when it falls short."""
+        taking, evictions, note = self._grow_as_tenant(training, have, wanted, total)
+        evicted: list[str] = []
+        refused: list[str] = []
+        for eviction in evictions:  # each waits its own rule's grace
+            done, no = self._evict_gang(
+                eviction.gang_id, started + eviction.grace_s, eviction.grace_s
+            )
+            evicted += done
+            refused += no
+        # A node whose gang a PDB kept past the grace still runs it: not taken.
+        busy = self._busy_nodes() if evictions else set()
+        kept = [n for n in taking if n.metadata.name in busy]
+        for node in taking:
+            if node in kept:
+                continue
+            self._set_pool(node, "inference")
+            inference.append(node)
+            have += self._gpus(node)
+        if kept:
+            note += (
+                f"; {sum(self._gpus(n) for n in kept)} GPUs short: "
+                f"{', '.join(n.metadata.name for n in kept)} still "
+                + ("runs" if len(kept) == 1 else "run")
+                + " the pods a PDB kept"
+            )
+        return have, evicted, refused, note
+
     def apply(self, decision: Decision) -> KubernetesApplied:
         started = self.clock()
         nodes = self.gpu_nodes()
@@ -590,34 +632,15 @@ class KubernetesActuator:
         have = sum(self._gpus(n) for n in inference)
         evicted: list[str] = []
         refused: list[str] = []
+        pod_gpus = {p.metadata.name: self._pod_gpus(p) for p in self._training_pods()}
         wanted, rules_note = decision.inference_gpus, ""
         if self.tenant:
             wanted, rules_note = self._within_rules(wanted, total)
         if wanted > have and self.tenant:
-            taking, evictions, short = self._grow_as_tenant(training, have, wanted, total)
+            have, evicted, refused, short = self._take_as_tenant(
+                training, inference, have=have, wanted=wanted, total=total, started=started
+            )
             rules_note += short
-            for eviction in evictions:  # each waits its own rule's grace
-                done, no = self._evict_gang(
-                    eviction.gang_id, started + eviction.grace_s, eviction.grace_s
-                )
-                evicted += done
-                refused += no
-            # A node whose gang a PDB kept past the grace still runs it: not taken.
-            busy = self._busy_nodes() if evictions else set()
-            kept = [n for n in taking if n.metadata.name in busy]
-            for node in taking:
-                if node in kept:
-                    continue
-                self._set_pool(node, "inference")
-                inference.append(node)
-                have += self._gpus(node)
-            if kept:
-                rules_note += (
-                    f"; {sum(self._gpus(n) for n in kept)} GPUs short: "
-                    f"{', '.join(n.metadata.name for n in kept)} still "
-                    + ("runs" if len(kept) == 1 else "run")
-                    + " the pods a PDB kept"
-                )
         elif wanted > have:
             deadline = started + self.grace_s
             for reclaim in decision.reclaims:
@@ -666,4 +689,5 @@ class KubernetesActuator:
                 if quota > total - have
                 else ""
             ),
+            sum(pod_gpus.get(name, 0) for name in evicted),
         )

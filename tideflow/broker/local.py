@@ -51,6 +51,8 @@ class Applied:
     complete: bool  # the allocation reached the decision's
     waited_s: float
     note: str
+    # Not counted here: the ledger's usage records each stop (``training_work``).
+    stopped_gpus: int | None = None
 
 
 class LocalActuator:

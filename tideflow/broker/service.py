@@ -412,16 +412,25 @@ class LendBound:
 
 
 def lend_bound(
-    load: LoadSource, actuator: Actuator, config: PolicyConfig, now_s: float
+    load: LoadSource,
+    actuator: Actuator,
+    config: PolicyConfig,
+    now_s: float,
+    journal: DecisionJournal | None = None,
 ) -> LendBound | None:
     """The lost-work budget's scaling of the lend bound, from the work training did and
     lost over the past ``BUDGET_S`` (``calibrate.LostWorkBudget``, as the simulator
-    measures it). None with no budget, where the actuator keeps no record of the
-    work (a cluster), or when no training ran over that span: the fixed bound."""
+    measures it): the actuator's record (the local ledger's usage), else the broker's
+    own journal (a cluster keeps none: the training GPUs and stops at each step). None
+    with no budget, with neither record, or when no training ran over that span: the
+    fixed bound."""
     if config.lost_work_budget is None:
         return None
     scale = day_scale(load)
-    work = actuator.training_work(now_s - BUDGET_S * scale, now_s)
+    since = now_s - BUDGET_S * scale
+    work = actuator.training_work(since, now_s)
+    if work is None and journal is not None:
+        work = journal.training_work(since, now_s, load.window_s)
     if work is None or work.trained_gpu_s <= 0:
         return None
     budget = LostWorkBudget.for_cluster(config.lost_work_budget, config.total_gpus, 86400 * scale)
@@ -493,7 +502,7 @@ def _decided(
     """The decision now and what it was made from, its reason saying which per-GPU
     throughput and lend bound it was made with."""
     config, learned = with_learned_throughput(load, config, journal, now_s)
-    bound = lend_bound(load, actuator, config, now_s)
+    bound = lend_bound(load, actuator, config, now_s, journal)
     snapshot = observe(
         load, actuator, config, journal, now_s, lend_margin=bound.margin if bound else 0.0
     )
@@ -608,5 +617,11 @@ def rebalance_once(
         # what inference holds now: short of the decision when the actuator could not
         # take the GPUs, unchanged in a dry run (the SLO and the learner judge these)
         held_gpus=applied.inference_gpus if applied else snapshot.inference_gpus,
+        # what training held when deciding, and what the step stopped: the lost-work
+        # budget's record where the actuator keeps none (a cluster)
+        training_gpus=max(
+            0, config.total_gpus - snapshot.inference_gpus - snapshot.idle_training_gpus
+        ),
+        stopped_gpus=applied.stopped_gpus if applied else 0,
     )
     return decision, applied

@@ -1,0 +1,167 @@
+"""On a cluster the broker spends the lost-work budget from its own journal: Kueue and
+Volcano keep no record of the work preemptions cost, so each step journals the GPUs
+training's gangs held and the GPUs of the pods it evicted (``DecisionJournal.
+training_work``), and the lend bound is scaled by them as the local ledger's usage
+scales it there (tests/test_broker_lost_work_budget.py).
+
+No API server can run here: the Kubernetes fake (tests/kubefake) plays one for the
+official client, as in tests/test_broker_kubernetes.py, whose cluster this reuses
+(four 8-GPU nodes, gpu-0 inference's; job-a on gpu-1 and gpu-2, job-b's 4 GPUs on
+gpu-3). The load is a flat 5 rps at 1 rps per GPU: inference needs one node.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kubefake import KubeFake
+from tests.test_broker_kubernetes import BROKER, NS, Cluster
+from tideflow.broker import PolicyConfig
+from tideflow.broker.journal import DecisionJournal
+from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
+from tideflow.broker.load import LoadSample
+from tideflow.broker.service import BUDGET_S, lend_bound, rebalance_once
+
+CONFIG = PolicyConfig(total_gpus=32, per_gpu_rps=1.0, node_gpus=8, headroom=0.0)
+STEP = 600.0
+
+
+class Flat:
+    window_s = STEP
+
+    def __init__(self, rate: float = 5.0) -> None:
+        self.rate = rate
+
+    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
+        first = math.ceil(start_s / STEP) * STEP
+        return [
+            LoadSample(first + i * STEP, self.rate) for i in range(int((end_s - first) // STEP))
+        ]
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[Cluster, Any]]:
+    with KubeFake() as fake:
+        yield Cluster(fake), fake.client(BROKER)
+
+
+def actuator_for(fake: Cluster, api: Any) -> KubernetesActuator:
+    # the PDB over job-a allows its two pods to go while the broker waits
+    return KubernetesActuator(
+        api,
+        ClusterTarget(namespace=NS, queue_kind="volcano"),
+        grace_s=30,
+        retry_s=0.01,
+        sleep=lambda _s: fake.allow_disruptions(2),
+    )
+
+
+def test_each_step_journals_the_gpus_training_held_and_the_gpus_it_evicted(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """The load jumps to 20 rps: the broker grows to three nodes, evicting job-a (two
+    8-GPU pods). Its step journals the 20 GPUs training held when it decided and the
+    16 GPUs it stopped; the lend bound then weighs them."""
+    fake, api = cluster
+    fake.start_gangs()
+    journal = DecisionJournal(tmp_path / "broker.db")
+    actuator = actuator_for(fake, api)
+
+    decision, applied = rebalance_once(Flat(20.0), actuator, CONFIG, journal, now_s=7200.0)
+
+    assert [r.gang_id for r in decision.reclaims] == ["job-a"]
+    assert sorted(applied.evicted_pods) == ["job-a-worker-0", "job-a-worker-1"]
+    assert applied.stopped_gpus == 16
+    (entry,) = journal.since(0.0)
+    assert (entry.training_gpus, entry.stopped_gpus) == (20, 16)
+
+
+def test_the_kubernetes_broker_weighs_its_journal_against_the_budget(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """A day of steps with training on 20 GPUs and nothing stopped: under budget, the
+    lend bound shrinks to its floor (the old code lent at the fixed bound here: no
+    record). Then four stops of 16 GPUs within that day: 64 x 360 GPU-s (6.4 GPU-h)
+    lost is more than 1% of the 20 GPUs' day (4.8 GPU-h), so the bound is the fixed
+    one again."""
+    fake, api = cluster
+    fake.start_gangs()
+    journal = DecisionJournal(tmp_path / "broker.db")
+    actuator = actuator_for(fake, api)
+    start = 10 * 86400.0
+    for index in range(144):  # a day of steps at the flat load: nothing to move
+        rebalance_once(Flat(), actuator, CONFIG, journal, now_s=start + index * STEP)
+    now = start + 144 * STEP
+    work = journal.training_work(now - BUDGET_S, now, STEP)
+    assert work is not None and work.stopped_gpus == 0
+    assert work.trained_gpu_s == pytest.approx(20 * 86400.0)
+
+    under = lend_bound(Flat(), actuator, CONFIG, now, journal)
+    assert under is not None and under.margin == pytest.approx(-0.25)
+    assert "lost work 0.0 of a 4.8 GPU-h budget" in under.reason
+    decision, _ = rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now)
+    assert "lend bound x0.78" in decision.reason
+
+    for index in range(4):
+        journal.record(
+            now + 1 + index,
+            decision,
+            total_gpus=32,
+            measured_rps=5.0,
+            forecast_upper=5.0,
+            training_gpus=20,
+            stopped_gpus=16,
+        )
+    over = lend_bound(Flat(), actuator, CONFIG, now + STEP, journal)
+    assert over is not None and over.margin == 0.0
+    assert "lost work 6.4 of a 4.8 GPU-h budget" in over.reason
+
+
+def test_the_journal_counts_no_training_across_the_brokers_downtime(tmp_path: Path) -> None:
+    """Two steps a day apart: the broker was down in between, and the first step's
+    training GPUs count for two steps' time, not the day."""
+    from tideflow.broker import Action, Decision
+
+    journal = DecisionJournal(tmp_path / "broker.db")
+    hold = Decision(Action.HOLD, 8, 5, 5, reason="test")
+    for at in (0.0, 86400.0):
+        journal.record(
+            at,
+            hold,
+            total_gpus=32,
+            measured_rps=5.0,
+            forecast_upper=5.0,
+            training_gpus=24,
+            stopped_gpus=0,
+        )
+    work = journal.training_work(0.0, 86400.0 + STEP, STEP)
+    assert work is not None
+    assert work.trained_gpu_s == pytest.approx(24 * 2 * STEP + 24 * STEP)
+
+
+def test_a_journal_from_before_the_record_gives_no_work_and_is_upgraded(
+    tmp_path: Path,
+) -> None:
+    """A journal written before these columns existed: its rows say nothing of training,
+    so the broker keeps the fixed bound until its own steps have recorded some."""
+    path = tmp_path / "broker.db"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE decisions (at_s REAL NOT NULL, action TEXT NOT NULL, "
+            "inference_gpus INTEGER NOT NULL, total_gpus INTEGER NOT NULL, measured_rps REAL, "
+            "forecast_upper REAL, needed INTEGER, wanted INTEGER, emergency INTEGER NOT NULL, "
+            "preempted TEXT NOT NULL, reason TEXT NOT NULL, applied TEXT NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO decisions VALUES (0, 'hold', 8, 32, 5.0, 5.0, 5, 5, 0, '[]', 'x', '')"
+        )
+    journal = DecisionJournal(path)
+    (entry,) = journal.since(0.0)
+    assert (entry.held_gpus, entry.training_gpus, entry.stopped_gpus) == (None, None, None)
+    assert journal.training_work(0.0, STEP, STEP) is None
