@@ -13,7 +13,11 @@ cron day/night schedule (per hour of the day the highest load at that hour
 over the past 7 days, re-learned daily, plus a headroom swept 0-150%; the
 smallest headroom whose SLO reaches tidal's is its equal-SLO peer); and
 "oracle", not a policy but a bound: the same decisions fed each window's true
-load. Prints one JSON line per run and, per trace, the ratios the targets
+load. Where the load says which windows burst (the synthetic diurnal load), also
+"oracle-burst-blind", a tighter bound: each window's load known but for its
+burst, with room for a burst held in the windows of least load, in the
+smallest share of them that reaches tidal's SLO. Prints one JSON line per
+run and, per trace, the ratios the targets
 are stated in: the share of the oracle's goodput gain over the p99 split that
 tidal captures, and goodput and queueing against the equal-SLO cron split.
 
@@ -61,6 +65,7 @@ SIZE_WEIGHTS: dict[tuple[int, ...], tuple[float, ...]] = {
 }
 P99_NEED_GPUS = 132  # synthetic traces: throughput at which the p99 need is two thirds of 200
 CRON_HEADROOMS = tuple(round(0.05 * i, 2) for i in range(31))  # 0 .. 150%
+INSURED_SHARES = tuple(round(0.05 * i, 2) for i in range(21))  # 0 .. 100% of windows
 SWEEP_SHARES = (0.4, 0.5, 0.6, 0.68, 0.8)  # p99 inference need as a share of the cluster
 # Tidal's tuned parameters, each with the values either side (chosen on m-mid and m-large).
 LOTO_GRID: dict[str, tuple[float, ...]] = {
@@ -200,8 +205,36 @@ def cron_bound(
     }
 
 
+def burst_blind(
+    trace: Trace, jobs: list[JobSpec], slo: float, big: dict[str, Any], oracle: dict[str, Any]
+) -> dict[str, Any]:
+    """The burst-blind bound at ``slo``: the smallest insured share of windows that
+    reaches it (or all of them), against the cron split at the SLO it reached."""
+    for share in INSURED_SHARES:
+        bound = run(trace, jobs, "oracle-burst-blind", insured_share=share)
+        if bound["slo_attainment"] >= slo:
+            break
+    headroom, cron = CronSweep(trace, jobs).equal_slo(bound["slo_attainment"])
+    return {
+        "blind_insured_share": share,
+        "blind_slo": bound["slo_attainment"],
+        "blind_lost_fraction": bound["lost_fraction_of_training"],
+        "blind_oracle_share": oracle_share(bound, big, oracle),
+        "blind_queueing_hours": bound["mean_queueing_hours"],
+        "blind_cron_headroom": headroom,
+        "blind_cron_queueing_hours": cron["mean_queueing_hours"],
+        "queueing_cron_over_blind": _ratio(
+            cron["mean_queueing_hours"], bound["mean_queueing_hours"]
+        ),
+    }
+
+
 def compare(
-    trace: Trace, jobs: list[JobSpec], quiet: bool = False, **tidal_overrides: Any
+    trace: Trace,
+    jobs: list[JobSpec],
+    quiet: bool = False,
+    with_burst_blind: bool = False,
+    **tidal_overrides: Any,
 ) -> dict[str, Any]:
     """Every policy on one trace; print their lines; return the target ratios."""
     peak = p99_split(trace)
@@ -255,6 +288,11 @@ def compare(
         "cron_queueing_hours": cron["mean_queueing_hours"],
         "peer_cron_headroom": peer_headroom,
         **cron_bound(tidal, results["oracle"], cron, peer),
+        **(
+            burst_blind(trace, jobs, tidal["slo_attainment"], big, results["oracle"])
+            if with_burst_blind and hasattr(trace.load, "burst_at")
+            else {}
+        ),
     }
 
 
@@ -294,6 +332,23 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['queueing_peer_cron_over_oracle']:.2f}x ({r['peer_cron_headroom']:.0%}, "
             f"SLO {r['peer_cron_slo']:.2%}) | {r['cron_queueing_share']:.0%} |"
         )
+    blind = [r for r in rows if "blind_slo" in r]
+    if blind:
+        lines += [
+            "",
+            "| trace | burst-blind bound: windows insured, SLO, lost work "
+            "| oracle share: tidal / bound | mean queueing: tidal / bound "
+            "| cron at the bound's SLO (headroom) | cron / bound |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in blind:
+            lines.append(
+                f"| {r['trace']} | {r['blind_insured_share']:.0%}, {r['blind_slo']:.2%}, "
+                f"{r['blind_lost_fraction']:.2%} | {r['oracle_share']:.0%} / "
+                f"{r['blind_oracle_share']:.0%} | {r['tidal_queueing_hours']:.1f} / "
+                f"{r['blind_queueing_hours']:.1f} h | {r['blind_cron_queueing_hours']:.1f} h "
+                f"({r['blind_cron_headroom']:.0%}) | {r['queueing_cron_over_blind']:.2f}x |"
+            )
     return "\n".join(lines)
 
 
@@ -426,7 +481,7 @@ def main() -> int:
                 row = compare(replace(trace, per_gpu_rps=throughput), jobs[trace.name], quiet=True)
                 print(json.dumps({"p99_need_share": share, "offered": args.offered} | row))
             continue
-        row = compare(trace, jobs[trace.name], **overrides)
+        row = compare(trace, jobs[trace.name], with_burst_blind=True, **overrides)
         rows.append(row)
         print(json.dumps(row | {"targets_met": targets_met(row)}), flush=True)
     if args.markdown and rows:

@@ -131,18 +131,27 @@ class SyntheticLoad:
     day_s: float = 86400.0
 
     def rate_at(self, start_s: float) -> float | None:
+        return self._draw(start_s)[0]
+
+    def burst_at(self, start_s: float) -> bool:
+        """Whether the window starting at ``start_s`` carries a burst: what no forecast
+        from the past can know, told to the burst-blind bound (``simulate``)."""
+        return self._draw(start_s)[1]
+
+    def _draw(self, start_s: float) -> tuple[float | None, bool]:
         # One generator per window, seeded by (seed, window): any range gives the same values.
         rng = random.Random(hash((self.seed, int(start_s // self.window_s))))
         if rng.random() < self.outage_probability:
-            return None
+            return None, False
         hour = (start_s % self.day_s) / self.day_s * 24
         day = int(start_s // self.day_s) % 7
         daily = 1 + self.daily_amplitude * math.cos(2 * math.pi * (hour - self.peak_hour) / 24)
         weekly = self.weekend_factor if day >= 5 else 1.0
         rate = self.mean_rps * daily * weekly * (1 + rng.gauss(0, self.noise))
-        if rng.random() < self.burst_probability:
+        burst = rng.random() < self.burst_probability
+        if burst:
             rate *= self.burst_factor
-        return max(rate, 0.0) or None
+        return max(rate, 0.0) or None, burst
 
     def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
         step = self.window_s

@@ -33,11 +33,44 @@ from tideflow.broker.nodes import NodePool
 from tideflow.broker.policy import Action, GangView, PolicyConfig, Snapshot, decide
 
 HISTORY_S = 8 * 86400.0  # the forecaster looks back a week and a day
+BOUNDS = ("oracle", "oracle-burst-blind")  # not policies: what a forecast could reach
+
+
+def burst_blind_plan(
+    load: LoadSource, samples: list[LoadSample], insured_share: float
+) -> tuple[list[float | None], list[float | None]]:
+    """The burst-blind bound's knowledge and plan, per window: the load without its
+    burst, and what it holds room for (that load times the burst factor in the
+    ``insured_share`` of windows of least load, where the room costs least; the load
+    alone elsewhere). Bursts fall on windows no one can foresee, so a share of the
+    windows insured catches about that share of them; holding the room where load is
+    least is the cheapest way to catch a given share."""
+    burst_at = getattr(load, "burst_at", None)
+    factor = getattr(load, "burst_factor", None)
+    if burst_at is None or factor is None:
+        raise ValueError(
+            "policy 'oracle-burst-blind' needs a load that says which windows burst "
+            f"(burst_at and burst_factor, as SyntheticLoad has); {type(load).__name__} does not"
+        )
+    if not 0 <= insured_share <= 1:
+        raise ValueError(f"insured_share must be within [0, 1] (got {insured_share})")
+    base = [
+        None if s.rate is None else s.rate / factor if burst_at(s.start_s) else s.rate
+        for s in samples
+    ]
+    known = sorted(b for b in base if b is not None)
+    count = math.ceil(insured_share * len(known))
+    cut = known[count - 1] if count else -math.inf
+    plan = [None if b is None else b * factor if b <= cut else b for b in base]
+    return base, plan
 
 
 @dataclass(frozen=True)
 class SimulationConfig:
-    policy: str  # "tidal", "static:N" (N GPUs for inference), "cron:H" (headroom H) or "oracle"
+    # "tidal", "static:N" (N GPUs for inference), "cron:H" (headroom H), or a bound:
+    # "oracle" (knows each window's load) or "oracle-burst-blind" (knows it but for
+    # the bursts, on a load that says where they are; ``insured_share`` below).
+    policy: str
     total_gpus: int = 200
     node_gpus: int = 8
     per_gpu_rps: float = 25.0
@@ -69,6 +102,9 @@ class SimulationConfig:
     # With placement "nodes": the policy sees each gang's nodes and the empty ones, and
     # chooses victims that empty whole nodes (False: victims chosen by count).
     node_aware: bool = True
+    # The burst-blind bound holds room for a burst in this share of the windows, the
+    # ones of least load (where that room costs least), and none elsewhere.
+    insured_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.placement not in ("gpus", "nodes"):
@@ -82,14 +118,15 @@ class SimulationConfig:
             )
 
     def static_gpus(self) -> int | None:
-        if self.policy in ("tidal", "oracle") or self.cron_headroom() is not None:
+        if self.policy in ("tidal", *BOUNDS) or self.cron_headroom() is not None:
             return None
         kind, _, value = self.policy.partition(":")
         if kind != "static" or not value.isdigit():
             raise ValueError(
                 f"policy {self.policy!r}: use 'tidal', 'static:N' (N GPUs for inference), "
                 "'cron:H' (an hour-of-day schedule with headroom H, e.g. cron:0.2) "
-                "or 'oracle' (a bound that knows each window's load)"
+                "'oracle' (a bound that knows each window's load) or 'oracle-burst-blind' "
+                "(a bound that knows it but for the bursts)"
             )
         if not 0 <= int(value) <= self.total_gpus:
             raise ValueError(f"policy {self.policy!r}: N must be within 0..{self.total_gpus}")
@@ -226,11 +263,15 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     # What the broker sees: outage windows become gaps (judged on the past only).
     samples = clean_outages(raw)
     forecaster = LoadForecaster(step, quantile=config.forecast_quantile)
+    blind = config.policy == "oracle-burst-blind"
+    base, plan = burst_blind_plan(load, raw, config.insured_share) if blind else ([], [])
+    lend_windows = max(1, math.ceil(config.lend_horizon_s / step))
     cron_headroom = config.cron_headroom()
     cron = CronSchedule(headroom=cron_headroom) if cron_headroom is not None else None
     calibration = (
         SloCalibration(config.slo_target)
-        if config.slo_target is not None and cron is None  # a cron's headroom is fixed
+        # a cron's headroom is fixed; the burst-blind bound's insured share is its own
+        if config.slo_target is not None and cron is None and not blind
         else None
     )
     margin = 0.0
@@ -314,6 +355,14 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 exact = Forecast(sample.rate, sample.rate, sample.rate, "oracle")
                 forecast, lend_forecast = exact, exact
                 last_lend = None
+            elif blind:
+                # A tighter bound: each window's load known but for its burst, room for
+                # a burst held by plan, no cooldown (it knows the future's load).
+                ahead = [p for p in plan[index : index + lend_windows] if p is not None]
+                top = max(ahead) if ahead else None
+                forecast = Forecast(base[index], plan[index], plan[index], "burst-blind")
+                lend_forecast = Forecast(base[index], top, top, "burst-blind")
+                last_lend = None
             upper = forecast.upper
             if forecast.point is not None and sample.rate is not None:
                 forecast_errors.append(abs(forecast.point - sample.rate) / sample.rate)
@@ -324,6 +373,8 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 measured_rps=(
                     sample.rate
                     if config.policy == "oracle"
+                    else base[index]
+                    if blind
                     else samples[index - 1].rate
                     if index
                     else None
