@@ -206,12 +206,18 @@ def cron_bound(
 
 
 def burst_blind(
-    trace: Trace, jobs: list[JobSpec], slo: float, big: dict[str, Any], oracle: dict[str, Any]
+    trace: Trace,
+    jobs: list[JobSpec],
+    slo: float,
+    big: dict[str, Any],
+    oracle: dict[str, Any],
+    **overrides: Any,
 ) -> dict[str, Any]:
     """The burst-blind bound at ``slo``: the smallest insured share of windows that
-    reaches it (or all of them), against the cron split at the SLO it reached."""
+    reaches it (or all of them), against the cron split at the SLO it reached. It runs
+    with the overrides tidal and the oracle run with."""
     for share in INSURED_SHARES:
-        bound = run(trace, jobs, "oracle-burst-blind", insured_share=share)
+        bound = run(trace, jobs, "oracle-burst-blind", insured_share=share, **overrides)
         if bound["slo_attainment"] >= slo:
             break
     headroom, cron = CronSweep(trace, jobs).equal_slo(bound["slo_attainment"])
@@ -289,7 +295,9 @@ def compare(
         "peer_cron_headroom": peer_headroom,
         **cron_bound(tidal, results["oracle"], cron, peer),
         **(
-            burst_blind(trace, jobs, tidal["slo_attainment"], big, results["oracle"])
+            burst_blind(
+                trace, jobs, tidal["slo_attainment"], big, results["oracle"], **tidal_overrides
+            )
             if with_burst_blind and hasattr(trace.load, "burst_at")
             else {}
         ),

@@ -580,7 +580,6 @@ def test_the_brokers_role_covers_every_call_it_makes(cluster: tuple[Cluster, Any
     assert unused == {
         ("pods", "get", ""),
         ("pods", "watch", ""),
-        ("nodes", "get", ""),
         ("nodes", "watch", ""),
         ("deployments/scale", "get", "inference"),
         ("horizontalpodautoscalers", "get", "inference"),

@@ -66,8 +66,8 @@ def test_each_step_journals_the_gpus_training_held_and_the_gpus_it_evicted(
     cluster: tuple[Cluster, Any], tmp_path: Path
 ) -> None:
     """The load jumps to 20 rps: the broker grows to three nodes, evicting job-a (two
-    8-GPU pods). Its step journals the 20 GPUs training held when it decided and the
-    16 GPUs it stopped; the lend bound then weighs them."""
+    8-GPU pods). Its step journals the 16 GPUs it stopped and the 4 training holds
+    after it (job-b's); the lend bound then weighs them."""
     fake, api = cluster
     fake.start_gangs()
     journal = DecisionJournal(tmp_path / "broker.db")
@@ -79,7 +79,7 @@ def test_each_step_journals_the_gpus_training_held_and_the_gpus_it_evicted(
     assert sorted(applied.evicted_pods) == ["job-a-worker-0", "job-a-worker-1"]
     assert applied.stopped_gpus == 16
     (entry,) = journal.since(0.0)
-    assert (entry.training_gpus, entry.stopped_gpus) == (20, 16)
+    assert (entry.training_gpus, entry.stopped_gpus) == (4, 16)
 
 
 def test_the_kubernetes_broker_weighs_its_journal_against_the_budget(
@@ -98,7 +98,7 @@ def test_the_kubernetes_broker_weighs_its_journal_against_the_budget(
     for index in range(144):  # a day of steps at the flat load: nothing to move
         rebalance_once(Flat(), actuator, CONFIG, journal, now_s=start + index * STEP)
     now = start + 144 * STEP
-    work = journal.training_work(now - BUDGET_S, now, STEP)
+    work = journal.training_work(now - BUDGET_S, now)
     assert work is not None and work.stopped_gpus == 0
     assert work.trained_gpu_s == pytest.approx(20 * 86400.0)
 
@@ -123,26 +123,27 @@ def test_the_kubernetes_broker_weighs_its_journal_against_the_budget(
     assert "lost work 6.4 of a 4.8 GPU-h budget" in over.reason
 
 
-def test_the_journal_counts_no_training_across_the_brokers_downtime(tmp_path: Path) -> None:
-    """Two steps a day apart: the broker was down in between, and the first step's
-    training GPUs count for two steps' time, not the day."""
+def test_the_journal_carries_training_forward_between_recorded_steps(tmp_path: Path) -> None:
+    """Steps are recorded only when they act where the broker runs as the Airflow DAG,
+    and training goes on between them: two steps a day apart, 24 then 16 training GPUs,
+    count 24 GPUs for the day and 16 after, from the first step on."""
     from tideflow.broker import Action, Decision
 
     journal = DecisionJournal(tmp_path / "broker.db")
     hold = Decision(Action.HOLD, 8, 5, 5, reason="test")
-    for at in (0.0, 86400.0):
+    for at, training in ((3600.0, 24), (3600.0 + 86400.0, 16)):
         journal.record(
             at,
             hold,
             total_gpus=32,
             measured_rps=5.0,
             forecast_upper=5.0,
-            training_gpus=24,
+            training_gpus=training,
             stopped_gpus=0,
         )
-    work = journal.training_work(0.0, 86400.0 + STEP, STEP)
+    work = journal.training_work(0.0, 3600.0 + 86400.0 + STEP)
     assert work is not None
-    assert work.trained_gpu_s == pytest.approx(24 * 2 * STEP + 24 * STEP)
+    assert work.trained_gpu_s == pytest.approx(24 * 86400.0 + 16 * STEP)
 
 
 def test_a_journal_from_before_the_record_gives_no_work_and_is_upgraded(
@@ -164,4 +165,4 @@ def test_a_journal_from_before_the_record_gives_no_work_and_is_upgraded(
     journal = DecisionJournal(path)
     (entry,) = journal.since(0.0)
     assert (entry.held_gpus, entry.training_gpus, entry.stopped_gpus) == (None, None, None)
-    assert journal.training_work(0.0, STEP, STEP) is None
+    assert journal.training_work(0.0, STEP) is None

@@ -550,7 +550,7 @@ def test_a_borrowers_node_a_pdb_kept_it_on_is_not_handed_to_inference(
     assert applied.refused_by_pdb == ("vision-borrows-0",)
     assert applied.inference_gpus == 8
     assert cluster.pools()["gpu-2"] == "training"
-    assert "8 GPUs short: gpu-2 still runs the pods a PDB kept" in applied.note
+    assert "8 GPUs short: a PDB kept pods on gpu-2; PDB kept vision-borrows-0" in applied.note
 
 
 def test_a_cordoned_or_unready_node_is_not_taken_by_the_tenant_broker(
@@ -588,3 +588,68 @@ def test_a_node_running_a_pod_of_no_gang_is_not_taken_by_the_tenant_broker(
 
     assert applied.inference_gpus == 16 and applied.evicted_pods == ()
     assert [n for n, p in cluster.pools().items() if p == "inference"] == ["gpu-0", "gpu-2"]
+
+
+def test_with_every_node_left_cordoned_the_note_says_so(fake: KubeFake, tmp_path: Path) -> None:
+    """gpu-1, gpu-2 and gpu-3 are all cordoned: inference keeps gpu-0 and the note names
+    the cordoned nodes rather than inference's quota."""
+    cluster = Cluster(fake, teams_file(tmp_path))
+    for name in ("gpu-1", "gpu-2", "gpu-3"):
+        node = dict(fake.get("v1", "Node", name))
+        node["spec"] = {**node["spec"], "unschedulable": True}
+        fake.seed(node)
+
+    applied = cluster.actuator().apply(to(16))
+
+    assert applied.inference_gpus == 8
+    assert "8 GPUs short: cordoned or not Ready: gpu-1, gpu-2, gpu-3" in applied.note
+
+
+def _taints(fake: KubeFake, name: str) -> list[dict[str, Any]]:
+    return list(fake.get("v1", "Node", name)["spec"].get("taints", []))
+
+
+HEALTH = {"key": "nvidia.com/gpu.health", "value": "degraded", "effect": "PreferNoSchedule"}
+
+
+def wait_on_the_borrower(fake: KubeFake, tmp_path: Path, *, cordon: bool) -> Any:
+    """Vision's borrower runs on gpu-2, the other nodes run gangs inference may not stop;
+    its PDB lets it go at 100 s. While the broker waits, a health check taints gpu-2
+    (and, with ``cordon``, cordons it). The broker grows to inference's 16."""
+    cluster = Cluster(fake, teams_file(tmp_path))
+    cluster.run("vision-own", "vision", "gpu-1", "2026-11-23T06:00:00Z")
+    cluster.run("vision-borrows", "vision", "gpu-2", "2026-11-23T07:00:00Z")
+    cluster.run("nlp-own", "nlp", "gpu-3", "2026-11-23T05:00:00Z")
+    cluster.budget("vision-borrows", 0)
+
+    def meanwhile(now: float) -> None:
+        cluster.budget("vision-borrows", int(now >= 100))
+        node = dict(fake.get("v1", "Node", "gpu-2"))
+        if HEALTH not in node["spec"].get("taints", []):
+            spec = {**node["spec"], "taints": [*node["spec"].get("taints", []), HEALTH]}
+            node["spec"] = spec | ({"unschedulable": True} if cordon else {})
+            fake.seed(node)
+
+    applied = cluster.actuator(Clock(on_sleep=meanwhile)).apply(to(16, "vision-borrows"))
+    assert applied.evicted_pods == ("vision-borrows-0",)
+    return cluster, applied
+
+
+def test_a_taint_added_while_the_broker_waits_is_kept(fake: KubeFake, tmp_path: Path) -> None:
+    """The broker sends a node's taint list back whole, so it reads the node again after
+    the wait: gpu-2 is taken with the health taint it gained meanwhile."""
+    cluster, applied = wait_on_the_borrower(fake, tmp_path, cordon=False)
+    assert applied.inference_gpus == 16 and cluster.pools()["gpu-2"] == "inference"
+    taints = fake.get("v1", "Node", "gpu-2")["spec"]["taints"]
+    assert HEALTH in taints
+    assert {"key": "tideflow.io/pool", "value": "inference", "effect": "NoSchedule"} in taints
+
+
+def test_a_node_cordoned_while_the_broker_waits_is_not_taken(
+    fake: KubeFake, tmp_path: Path
+) -> None:
+    cluster, applied = wait_on_the_borrower(fake, tmp_path, cordon=True)
+    assert applied.inference_gpus == 8 and cluster.pools()["gpu-2"] == "training"
+    assert "8 GPUs short: gpu-2 became busy, cordoned or not Ready during the wait" in (
+        applied.note
+    )

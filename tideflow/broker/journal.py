@@ -54,7 +54,7 @@ class JournalEntry:
     reason: str
     applied: str
     held_gpus: int | None = None  # inference's GPUs once applied (None: not recorded)
-    training_gpus: int | None = None  # GPUs training's gangs held when it was decided
+    training_gpus: int | None = None  # GPUs training's gangs hold after the step
     stopped_gpus: int | None = None  # GPUs of the gangs the step stopped (None: not known)
 
     @property
@@ -148,20 +148,21 @@ class DecisionJournal:
             for r in rows
         ]
 
-    def training_work(self, since_s: float, until_s: float, step_s: float) -> TrainingWork | None:
+    def training_work(self, since_s: float, until_s: float) -> TrainingWork | None:
         """Training's GPU-time and stops over [since, until), as the broker saw them at
-        its steps: each step's training GPUs held until the next step (at most two
-        steps' worth: the broker was down in a longer gap, and nothing is assumed of
-        it), and the GPUs of the gangs it stopped. None where no step recorded them
-        (a journal from before they were). The work a stop forced past its grace
-        threw away is not known here, only the stop."""
-        entries = [e for e in self.since(since_s) if e.at_s < until_s]
-        if not any(e.training_gpus is not None for e in entries):
+        its steps: each step's training GPUs held until the next recorded step (steps
+        are recorded only when they act where the broker runs as the Airflow DAG, and
+        training goes on while the broker is down), and the GPUs of the gangs it
+        stopped. None where no step recorded them (a journal from before they were).
+        Counted from the first such step: the span before it is not known."""
+        entries = [
+            e for e in self.since(since_s) if e.at_s < until_s and e.training_gpus is not None
+        ]
+        if not entries:
             return None
         trained = 0.0
         for entry, after in zip(entries, [*(e.at_s for e in entries[1:]), until_s], strict=True):
-            if entry.training_gpus is not None:
-                trained += entry.training_gpus * min(after - entry.at_s, 2 * step_s)
+            trained += (entry.training_gpus or 0) * (after - entry.at_s)
         stopped = sum(e.stopped_gpus or 0 for e in entries)
         return TrainingWork(trained, 0.0, stopped)
 

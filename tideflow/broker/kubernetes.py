@@ -34,8 +34,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 
@@ -170,6 +170,29 @@ class KubernetesApplied:
     refused_by_pdb: tuple[str, ...]
     note: str
     stopped_gpus: int = 0  # the GPUs of the pods evicted (the journal's record of stops)
+
+
+def _few(names: Sequence[str], most: int = 5) -> str:
+    """Up to ``most`` names, then how many more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+@dataclass
+class Evictions:
+    """What evicting gangs did: the pods evicted and their GPUs, the pods a PDB kept
+    past the deadline and the nodes they still run on."""
+
+    evicted: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    gpus: int = 0
+    kept_on: set[str] = field(default_factory=set)
+
+    def add(self, other: Evictions) -> None:
+        self.evicted += other.evicted
+        self.refused += other.refused
+        self.gpus += other.gpus
+        self.kept_on |= other.kept_on
 
 
 class KubernetesActuator:
@@ -327,6 +350,9 @@ class KubernetesActuator:
 
     # -- acting -------------------------------------------------------------------------
     def _set_pool(self, node: Any, pool: str) -> None:
+        # Read again: the list is sent back whole, and while the broker waited for an
+        # eviction someone may have added a taint (a GPU health check) it must keep.
+        node = self.core.read_node(node.metadata.name)
         taints = [t for t in (node.spec.taints or []) if getattr(t, "key", None) != TAINT_KEY]
         body = {
             "metadata": {"labels": {POOL_LABEL: pool}},
@@ -441,9 +467,7 @@ class KubernetesActuator:
         )
         return gpus
 
-    def _evict_gang(
-        self, gang_id: str, deadline: float, grace_s: float | None = None
-    ) -> tuple[list[str], list[str]]:
+    def _evict_gang(self, gang_id: str, deadline: float, grace_s: float | None = None) -> Evictions:
         """Evict the gang's pods, retrying a PDB's refusal until ``deadline``; with
         ``grace_s``, its pods get that long to stop (the Eviction's DeleteOptions), else
         their own terminationGracePeriodSeconds."""
@@ -456,7 +480,7 @@ class KubernetesActuator:
         options = (
             None if grace_s is None else client.V1DeleteOptions(grace_period_seconds=int(grace_s))
         )
-        evicted, refused = [], []
+        done = Evictions()
         for pod in pods:
             name = pod.metadata.name
             body = client.V1Eviction(
@@ -466,18 +490,20 @@ class KubernetesActuator:
             while True:
                 try:
                     self.core.create_namespaced_pod_eviction(name, self.target.namespace, body)
-                    evicted.append(name)
+                    done.evicted.append(name)
+                    done.gpus += self._pod_gpus(pod)
                     break
                 except ApiException as exc:
                     if exc.status == 404:  # already gone
                         break
                     if exc.status != 429 or self.clock() >= deadline:
                         if exc.status == 429:
-                            refused.append(name)  # the PDB still says no: leave it running
+                            done.refused.append(name)  # the PDB still says no: leave it
+                            done.kept_on.add(pod.spec.node_name)
                             break
                         raise
                     self.sleep(self.retry_s)  # a PDB refuses for now: try again
-        return evicted, refused
+        return done
 
     # -- inference as a team of the cluster file ------------------------------------------
     def _key(self) -> Key:
@@ -524,9 +550,9 @@ class KubernetesActuator:
 
     def _grow_as_tenant(
         self, training: list[Any], have: int, target: int, total: int
-    ) -> tuple[list[Any], tuple[Eviction, ...], str]:
-        """The nodes to take and the gangs to evict first, by the lender's reclaim; the
-        note's words when it falls short.
+    ) -> tuple[list[Any], tuple[Eviction, ...], list[str]]:
+        """The nodes to take and the gangs to evict first, by the lender's reclaim; why
+        it falls short, where it does.
 
         The policy's own victims are not used: they may run within their team's quota.
         A gang on the pool is stopped only when the teams' rules, replayed over the
@@ -570,18 +596,20 @@ class KubernetesActuator:
         )
         by_name = {n.metadata.name: n for n in training}
         nodes = [by_name[name] for name in growth.nodes]
-        short = target - have - sum(self._gpus(n) for n in nodes)
-        note = ""
-        if short > 0:
-            kept = ", ".join(growth.kept_by[:5]) + (
-                f" and {len(growth.kept_by) - 5} more" if len(growth.kept_by) > 5 else ""
-            )
-            note = f"; {short} GPUs short: " + (
-                f"the nodes left run gangs inference may not reclaim ({kept})"
-                if growth.kept_by
-                else "no whole node left within inference's quota"
-            )
-        return nodes, growth.evictions, note
+        why: list[str] = []
+        if have + sum(self._gpus(n) for n in nodes) < target:
+            if growth.kept_by:
+                why.append(
+                    "the nodes left run gangs or pods inference may not reclaim ("
+                    + _few(growth.kept_by)
+                    + ")"
+                )
+            skipped = sorted(n.metadata.name for n in training if n.metadata.name in unusable)
+            if skipped:
+                why.append(f"cordoned or not Ready: {_few(skipped)}")
+            if not why:
+                why.append("no whole node left within inference's quota")
+        return nodes, growth.evictions, why
 
     def _take_as_tenant(
         self,
@@ -592,36 +620,38 @@ class KubernetesActuator:
         wanted: int,
         total: int,
         started: float,
-    ) -> tuple[int, list[str], list[str], str]:
+    ) -> tuple[int, Evictions, str]:
         """Grow as inference's tenant: evict the borrowers, then take the nodes they
-        emptied (appended to ``inference``). The GPUs held then, the pods evicted and
-        refused, and the note's words when it falls short."""
-        taking, evictions, note = self._grow_as_tenant(training, have, wanted, total)
-        evicted: list[str] = []
-        refused: list[str] = []
+        emptied (appended to ``inference``). The GPUs held then, what the evictions did,
+        and the note's words when it falls short."""
+        taking, evictions, why = self._grow_as_tenant(training, have, wanted, total)
+        done = Evictions()
         for eviction in evictions:  # each waits its own rule's grace
-            done, no = self._evict_gang(
-                eviction.gang_id, started + eviction.grace_s, eviction.grace_s
+            done.add(
+                self._evict_gang(eviction.gang_id, started + eviction.grace_s, eviction.grace_s)
             )
-            evicted += done
-            refused += no
-        # A node whose gang a PDB kept past the grace still runs it: not taken.
+        # A node still busy after the evictions is not taken: a PDB kept its gang past
+        # the grace, or while the broker waited a pod was placed on it or it was
+        # cordoned.
         busy = self._busy_nodes() if evictions else set()
-        kept = [n for n in taking if n.metadata.name in busy]
         for node in taking:
-            if node in kept:
+            if node.metadata.name in busy:
                 continue
             self._set_pool(node, "inference")
             inference.append(node)
             have += self._gpus(node)
+        kept = sorted(n.metadata.name for n in taking if n.metadata.name in done.kept_on)
+        other = sorted(
+            n.metadata.name
+            for n in taking
+            if n.metadata.name in busy and n.metadata.name not in done.kept_on
+        )
         if kept:
-            note += (
-                f"; {sum(self._gpus(n) for n in kept)} GPUs short: "
-                f"{', '.join(n.metadata.name for n in kept)} still "
-                + ("runs" if len(kept) == 1 else "run")
-                + " the pods a PDB kept"
-            )
-        return have, evicted, refused, note
+            why.append(f"a PDB kept pods on {_few(kept)}")
+        if other:
+            why.append(f"{_few(other)} became busy, cordoned or not Ready during the wait")
+        note = f"; {wanted - have} GPUs short: " + "; ".join(why) if have < wanted else ""
+        return have, done, note
 
     def apply(self, decision: Decision) -> KubernetesApplied:
         started = self.clock()
@@ -630,14 +660,12 @@ class KubernetesActuator:
         inference = [n for n in nodes if self._pool(n) == "inference"]
         training = [n for n in nodes if self._pool(n) != "inference"]
         have = sum(self._gpus(n) for n in inference)
-        evicted: list[str] = []
-        refused: list[str] = []
-        pod_gpus = {p.metadata.name: self._pod_gpus(p) for p in self._training_pods()}
+        done = Evictions()
         wanted, rules_note = decision.inference_gpus, ""
         if self.tenant:
             wanted, rules_note = self._within_rules(wanted, total)
         if wanted > have and self.tenant:
-            have, evicted, refused, short = self._take_as_tenant(
+            have, done, short = self._take_as_tenant(
                 training, inference, have=have, wanted=wanted, total=total, started=started
             )
             rules_note += short
@@ -645,9 +673,7 @@ class KubernetesActuator:
             deadline = started + self.grace_s
             for reclaim in decision.reclaims:
                 if reclaim.evicted:
-                    done, no = self._evict_gang(reclaim.gang_id, deadline)
-                    evicted += done
-                    refused += no
+                    done.add(self._evict_gang(reclaim.gang_id, deadline))
             # Take whole empty nodes (the ones the evictions emptied; by name for a
             # stable order): a node still running a pod would put inference's
             # replicas beside its workers. What is still busy is a shortfall.
@@ -664,7 +690,7 @@ class KubernetesActuator:
                 rules_note += (
                     f"; {wanted - have} GPUs short: the other training nodes still run pods "
                     "or are cordoned or not Ready"
-                    + (" (a PDB kept the evictions)" if refused else "")
+                    + (" (a PDB kept the evictions)" if done.refused else "")
                 )
         elif wanted < have:
             for node in sorted(inference, key=lambda n: n.metadata.name, reverse=True):
@@ -678,16 +704,16 @@ class KubernetesActuator:
         return KubernetesApplied(
             have,
             tuple(n.metadata.name for n in inference),
-            tuple(evicted),
-            tuple(refused),
+            tuple(done.evicted),
+            tuple(done.refused),
             f"inference {have}/{total} GPUs on {len(inference)} node(s)"
             + rules_note
-            + (f"; PDB kept {', '.join(refused)}" if refused else "")
+            + (f"; PDB kept {', '.join(done.refused)}" if done.refused else "")
             + (
                 f"; training queue capability held at its deserved {quota} "
                 f"({total - have} GPUs lent)"
                 if quota > total - have
                 else ""
             ),
-            sum(pod_gpus.get(name, 0) for name in evicted),
+            done.gpus,
         )

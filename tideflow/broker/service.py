@@ -430,7 +430,7 @@ def lend_bound(
     since = now_s - BUDGET_S * scale
     work = actuator.training_work(since, now_s)
     if work is None and journal is not None:
-        work = journal.training_work(since, now_s, load.window_s)
+        work = journal.training_work(since, now_s)
     if work is None or work.trained_gpu_s <= 0:
         return None
     budget = LostWorkBudget.for_cluster(config.lost_work_budget, config.total_gpus, 86400 * scale)
@@ -607,6 +607,7 @@ def rebalance_once(
     now = time.time() if now_s is None else now_s
     decision, snapshot = _decided(load, actuator, config, journal, now)
     applied = actuator.apply(decision) if act else None
+    stopped = applied.stopped_gpus if applied else 0
     journal.record(
         now,
         decision,
@@ -617,11 +618,15 @@ def rebalance_once(
         # what inference holds now: short of the decision when the actuator could not
         # take the GPUs, unchanged in a dry run (the SLO and the learner judge these)
         held_gpus=applied.inference_gpus if applied else snapshot.inference_gpus,
-        # what training held when deciding, and what the step stopped: the lost-work
+        # what training holds after the step and what the step stopped: the lost-work
         # budget's record where the actuator keeps none (a cluster)
         training_gpus=max(
-            0, config.total_gpus - snapshot.inference_gpus - snapshot.idle_training_gpus
+            0,
+            actuator.total_gpus()
+            - snapshot.inference_gpus
+            - snapshot.idle_training_gpus
+            - (stopped or 0),
         ),
-        stopped_gpus=applied.stopped_gpus if applied else 0,
+        stopped_gpus=stopped,
     )
     return decision, applied

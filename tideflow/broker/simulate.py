@@ -58,10 +58,9 @@ def burst_blind_plan(
         None if s.rate is None else s.rate / factor if burst_at(s.start_s) else s.rate
         for s in samples
     ]
-    known = sorted(b for b in base if b is not None)
-    count = math.ceil(insured_share * len(known))
-    cut = known[count - 1] if count else -math.inf
-    plan = [None if b is None else b * factor if b <= cut else b for b in base]
+    known = sorted((b, i) for i, b in enumerate(base) if b is not None)
+    insured = {i for _, i in known[: math.ceil(insured_share * len(known))]}
+    plan = [None if b is None else b * factor if i in insured else b for i, b in enumerate(base)]
     return base, plan
 
 
