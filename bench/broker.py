@@ -74,6 +74,7 @@ LOTO_GRID: dict[str, tuple[float, ...]] = {
     "lend_horizon_s": (3600.0, 7200.0, 14400.0),
     "headroom": (0.0, 0.05, 0.1),
     "forecast_quantile": (0.95, 0.99, 0.995),
+    "slo_step": (0.025, 0.05, 0.1),
     "lost_work_budget": (0.0075, 0.01, 0.0125),
     "lost_work_low": (-0.1, -0.25, -0.5),
     "lost_work_high": (0.0, 0.25, 0.5),

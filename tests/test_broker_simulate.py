@@ -119,3 +119,19 @@ def test_production_trace_with_outages_runs_and_keeps_the_slo() -> None:
 def test_a_load_without_bounds_needs_a_window(diurnal: SyntheticLoad) -> None:
     with pytest.raises(ValueError, match="give start_s < end_s"):
         simulate(diurnal, [], SimulationConfig(policy="static:80", per_gpu_rps=25.0))
+
+
+def test_the_calibrations_step_is_the_one_configured(diurnal: SyntheticLoad) -> None:
+    """``slo_step`` reaches the SLO calibration (the benchmark varies it, leave one trace
+    out): with a vanishing step the bound is never scaled, as without a calibration,
+    and the default step moves it."""
+    jobs = synthetic_jobs(seed=2, total_gpus=200, horizon_s=DAYS * 86400)
+
+    def held(**config: float | None) -> float:
+        settings = SimulationConfig(policy="tidal", per_gpu_rps=25.0, **config)  # type: ignore[arg-type]
+        result = simulate(diurnal, jobs, settings, start_s=0, end_s=DAYS * 86400)
+        return float(result.metrics["mean_inference_gpus"])
+
+    uncalibrated = held(slo_target=None)
+    assert held(slo_step=1e-9) == pytest.approx(uncalibrated, abs=0.05)
+    assert abs(held(slo_step=0.05) - uncalibrated) > 0.5

@@ -85,6 +85,7 @@ class SimulationConfig:
     grace_s: float = 300.0  # how long the broker waits for that checkpoint
     # Scale the forecast's upper bound online to meet this SLO (None: uncalibrated).
     slo_target: float | None = 0.995
+    slo_step: float = 0.05  # the calibration's step per window (``SloCalibration.step``)
     elastic: bool = True  # shrink elastic gangs instead of stopping them (False: all rigid)
     # Scale the lend horizon's bound online to spend this share of training GPU-time on
     # preemptions (None: a fixed lend bound): under budget lend more, over it less.
@@ -268,7 +269,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     cron_headroom = config.cron_headroom()
     cron = CronSchedule(headroom=cron_headroom) if cron_headroom is not None else None
     calibration = (
-        SloCalibration(config.slo_target)
+        SloCalibration(config.slo_target, step=config.slo_step)
         # a cron's headroom is fixed; the burst-blind bound's insured share is its own
         if config.slo_target is not None and cron is None and not blind
         else None
