@@ -90,3 +90,17 @@ def test_a_load_that_does_not_say_where_it_bursts_is_refused(tmp_path: Path) -> 
         )
     with pytest.raises(ValueError, match=r"insured_share must be within \[0, 1\]"):
         burst_blind_plan(LOAD, LOAD.samples(0, DAY), 1.5)
+
+
+def test_the_cli_runs_the_bound_on_the_synthetic_load_and_refuses_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tideflow.cli import main
+
+    common = ["broker", "simulate", "--per-gpu-rps", "25", "--policy", "oracle-burst-blind"]
+    assert main([*common, "--trace", "synthetic", "--days", "2", "--json"]) == 0
+    assert '"slo_attainment"' in capsys.readouterr().out
+    trace = tmp_path / "load.csv"
+    trace.write_text("start_s,rate_rps\n" + "".join(f"{i * 600},{100 + i}\n" for i in range(20)))
+    assert main([*common, "--trace", str(trace)]) == 2
+    assert "needs a load that says which windows burst" in capsys.readouterr().err

@@ -757,7 +757,13 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="requests/s one inference GPU serves within its latency SLO",
     )
-    sim.add_argument("--policy", default="tidal", help="'tidal' or 'static:N' (N inference GPUs)")
+    sim.add_argument(
+        "--policy",
+        default="tidal",
+        help="'tidal', 'static:N' (N inference GPUs), 'cron:H' (an hour-of-day schedule "
+        "with headroom H), or a bound: 'oracle' (knows each window's load) or "
+        "'oracle-burst-blind' (knows it but for the bursts; synthetic load only)",
+    )
     sim.add_argument(
         "--jobs", default="synthetic", help="'synthetic' (seeded) or a CSV of training jobs"
     )
