@@ -104,3 +104,11 @@ def test_the_cli_runs_the_bound_on_the_synthetic_load_and_refuses_a_trace(
     trace.write_text("start_s,rate_rps\n" + "".join(f"{i * 600},{100 + i}\n" for i in range(20)))
     assert main([*common, "--trace", str(trace)]) == 2
     assert "needs a load that says which windows burst" in capsys.readouterr().err
+
+
+def test_an_unknown_policy_names_every_policy_and_bound() -> None:
+    with pytest.raises(ValueError) as caught:
+        SimulationConfig(policy="magic").static_gpus()
+    message = str(caught.value)
+    for name in ("'tidal'", "'static:N'", "'cron:H'", "'oracle'", "'oracle-burst-blind'"):
+        assert name in message

@@ -124,7 +124,7 @@ class SimulationConfig:
         if kind != "static" or not value.isdigit():
             raise ValueError(
                 f"policy {self.policy!r}: use 'tidal', 'static:N' (N GPUs for inference), "
-                "'cron:H' (an hour-of-day schedule with headroom H, e.g. cron:0.2) "
+                "'cron:H' (an hour-of-day schedule with headroom H, e.g. cron:0.2), "
                 "'oracle' (a bound that knows each window's load) or 'oracle-burst-blind' "
                 "(a bound that knows it but for the bursts)"
             )
