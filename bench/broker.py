@@ -16,7 +16,9 @@ smallest headroom whose SLO reaches tidal's is its equal-SLO peer); and
 load. Where the load says which windows burst (the synthetic diurnal load), also
 "oracle-burst-blind", a tighter bound: each window's load known but for its
 burst, with room for a burst held in the windows of least load, in the
-smallest share of them that reaches tidal's SLO. Prints one JSON line per
+smallest share of them that reaches tidal's SLO; and the same bound holding
+the same room in every window (as a forecast's quantile does), the smallest
+room reaching tidal's SLO. Prints one JSON line per
 run and, per trace, the ratios the targets
 are stated in: the share of the oracle's goodput gain over the p99 split that
 tidal captures, and goodput and queueing against the equal-SLO cron split.
@@ -66,6 +68,7 @@ SIZE_WEIGHTS: dict[tuple[int, ...], tuple[float, ...]] = {
 P99_NEED_GPUS = 132  # synthetic traces: throughput at which the p99 need is two thirds of 200
 CRON_HEADROOMS = tuple(round(0.05 * i, 2) for i in range(31))  # 0 .. 150%
 INSURED_SHARES = tuple(round(0.05 * i, 2) for i in range(21))  # 0 .. 100% of windows
+ROOMS = (100, 200)  # the uniform-room bound's room, hundredths of the calm load: 1.00-2.00x
 SWEEP_SHARES = (0.4, 0.5, 0.6, 0.68, 0.8)  # p99 inference need as a share of the cluster
 # Tidal's tuned parameters, each with the values either side (chosen on m-mid and m-large).
 LOTO_GRID: dict[str, tuple[float, ...]] = {
@@ -212,16 +215,19 @@ def burst_blind(
     slo: float,
     big: dict[str, Any],
     oracle: dict[str, Any],
+    *,
+    sweep: CronSweep,
     **overrides: Any,
 ) -> dict[str, Any]:
     """The burst-blind bound at ``slo``: the smallest insured share of windows that
-    reaches it (or all of them), against the cron split at the SLO it reached. It runs
-    with the overrides tidal and the oracle run with."""
+    reaches it (or all of them), against the cron split at the SLO it reached; then the
+    same bound holding one room in every window. It runs with the overrides tidal and
+    the oracle run with."""
     for share in INSURED_SHARES:
         bound = run(trace, jobs, "oracle-burst-blind", insured_share=share, **overrides)
         if bound["slo_attainment"] >= slo:
             break
-    headroom, cron = CronSweep(trace, jobs).equal_slo(bound["slo_attainment"])
+    headroom, cron = sweep.equal_slo(bound["slo_attainment"])
     return {
         "blind_insured_share": share,
         "blind_slo": bound["slo_attainment"],
@@ -231,6 +237,59 @@ def burst_blind(
         "blind_cron_headroom": headroom,
         "blind_cron_queueing_hours": cron["mean_queueing_hours"],
         "queueing_cron_over_blind": _ratio(
+            cron["mean_queueing_hours"], bound["mean_queueing_hours"]
+        ),
+        **uniform_room(trace, jobs, slo, big, oracle, sweep=sweep, **overrides),
+    }
+
+
+def uniform_room(
+    trace: Trace,
+    jobs: list[JobSpec],
+    slo: float,
+    big: dict[str, Any],
+    oracle: dict[str, Any],
+    *,
+    sweep: CronSweep,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """The burst-blind bound holding the same room in every window: a policy that knows
+    each window's calm load and, like a forecast's quantile under one calibration,
+    holds room for surprises alike at every hour. The smallest room (in hundredths)
+    that reaches ``slo`` (or 2x), found by bisection: more room covers every window
+    it covered before, so the SLO does not fall as the room grows."""
+    runs: dict[int, dict[str, Any]] = {}
+
+    def at(room: int) -> dict[str, Any]:
+        if room not in runs:
+            runs[room] = run(
+                trace,
+                jobs,
+                "oracle-burst-blind",
+                insured_share=1.0,
+                burst_room=room / 100,
+                **overrides,
+            )
+        return runs[room]
+
+    low, high = ROOMS
+    if at(high)["slo_attainment"] >= slo:
+        while low < high:
+            middle = (low + high) // 2
+            if at(middle)["slo_attainment"] >= slo:
+                high = middle
+            else:
+                low = middle + 1
+    bound = at(high)
+    headroom, cron = sweep.equal_slo(bound["slo_attainment"])
+    return {
+        "uniform_room": high / 100,
+        "uniform_slo": bound["slo_attainment"],
+        "uniform_lost_fraction": bound["lost_fraction_of_training"],
+        "uniform_oracle_share": oracle_share(bound, big, oracle),
+        "uniform_queueing_hours": bound["mean_queueing_hours"],
+        "uniform_cron_headroom": headroom,
+        "queueing_cron_over_uniform": _ratio(
             cron["mean_queueing_hours"], bound["mean_queueing_hours"]
         ),
     }
@@ -297,7 +356,13 @@ def compare(
         **cron_bound(tidal, results["oracle"], cron, peer),
         **(
             burst_blind(
-                trace, jobs, tidal["slo_attainment"], big, results["oracle"], **tidal_overrides
+                trace,
+                jobs,
+                tidal["slo_attainment"],
+                big,
+                results["oracle"],
+                sweep=sweep,
+                **tidal_overrides,
             )
             if with_burst_blind and hasattr(trace.load, "burst_at")
             else {}
@@ -357,6 +422,21 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f"{r['blind_oracle_share']:.0%} | {r['tidal_queueing_hours']:.1f} / "
                 f"{r['blind_queueing_hours']:.1f} h | {r['blind_cron_queueing_hours']:.1f} h "
                 f"({r['blind_cron_headroom']:.0%}) | {r['queueing_cron_over_blind']:.2f}x |"
+            )
+        lines += [
+            "",
+            "| trace | the same room in every window: room, SLO, lost work "
+            "| oracle share: tidal / bound | mean queueing: tidal / bound "
+            "| cron / tidal | cron / bound (cron's headroom) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in blind:
+            lines.append(
+                f"| {r['trace']} | {r['uniform_room']:.2f}x, {r['uniform_slo']:.2%}, "
+                f"{r['uniform_lost_fraction']:.2%} | {r['oracle_share']:.0%} / "
+                f"{r['uniform_oracle_share']:.0%} | {r['tidal_queueing_hours']:.1f} / "
+                f"{r['uniform_queueing_hours']:.1f} h | {r['queueing_cron_over_tidal']:.2f}x "
+                f"| {r['queueing_cron_over_uniform']:.2f}x ({r['uniform_cron_headroom']:.0%}) |"
             )
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ Pure simulation on the seeded synthetic load: no server is involved.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,40 @@ def test_an_unknown_policy_names_every_policy_and_bound() -> None:
     message = str(caught.value)
     for name in ("'tidal'", "'static:N'", "'cron:H'", "'oracle'", "'oracle-burst-blind'"):
         assert name in message
+
+
+def test_a_room_below_the_burst_is_held_in_every_insured_window_on_the_calm_load() -> None:
+    """``room`` changes what is held, not what is known: the calm load is still the rate
+    without its whole burst."""
+    samples = LOAD.samples(0, 2 * DAY)
+    base, full = burst_blind_plan(LOAD, samples, 1.0)
+    same_base, lean = burst_blind_plan(LOAD, samples, 1.0, room=1.3)
+    assert same_base == base
+    assert all(p == pytest.approx(1.3 * c) for c, p in zip(base, lean, strict=True) if c)
+    assert all(p is None for c, p in zip(base, lean, strict=True) if c is None)
+    assert full != lean
+    with pytest.raises(ValueError, match="burst_room must be at least 1"):
+        burst_blind_plan(LOAD, samples, 1.0, room=0.9)
+
+
+def test_more_room_in_every_window_covers_every_window_less_room_covered() -> None:
+    """The benchmark bisects on the room for the smallest that reaches an SLO, which is
+    sound only if coverage never falls as the room grows: each window covered at a
+    smaller room is covered at every larger one, with as many inference GPUs or more."""
+    jobs = synthetic_jobs(seed=2, total_gpus=200, horizon_s=4 * DAY)
+    held = {}
+    for room in (1.0, 1.2, 1.4, 1.6):
+        config = SimulationConfig(
+            policy="oracle-burst-blind", per_gpu_rps=25.0, insured_share=1.0, burst_room=room
+        )
+        held[room] = simulate(LOAD, jobs, config, start_s=0, end_s=4 * DAY).windows
+    rooms = sorted(held)
+    for smaller, larger in itertools.pairwise(rooms):
+        for before, after in zip(held[smaller], held[larger], strict=True):
+            assert after.inference_gpus >= before.inference_gpus
+            if before.needed is not None and before.inference_gpus >= before.needed:
+                assert after.inference_gpus >= after.needed  # type: ignore[operator]
+    missed = [
+        sum(w.needed is not None and w.inference_gpus < w.needed for w in held[r]) for r in rooms
+    ]
+    assert missed[0] > missed[-1]  # and the room does buy coverage

@@ -37,14 +37,19 @@ BOUNDS = ("oracle", "oracle-burst-blind")  # not policies: what a forecast could
 
 
 def burst_blind_plan(
-    load: LoadSource, samples: list[LoadSample], insured_share: float
+    load: LoadSource,
+    samples: list[LoadSample],
+    insured_share: float,
+    room: float | None = None,
 ) -> tuple[list[float | None], list[float | None]]:
     """The burst-blind bound's knowledge and plan, per window: the load without its
-    burst, and what it holds room for (that load times the burst factor in the
-    ``insured_share`` of windows of least load, where the room costs least; the load
-    alone elsewhere). Bursts fall on windows no one can foresee, so a share of the
-    windows insured catches about that share of them; holding the room where load is
-    least is the cheapest way to catch a given share."""
+    burst, and what it holds room for (that load times ``room``, by default the burst
+    factor, in the ``insured_share`` of windows of least load, where the room costs
+    least; the load alone elsewhere). Bursts fall on windows no one can foresee, so a
+    share of the windows insured catches about that share of them; holding the room
+    where load is least is the cheapest way to catch a given share. With every window
+    insured and a smaller room, it is the bound of a policy that holds the same room at
+    every hour, as a forecast's quantile does."""
     burst_at = getattr(load, "burst_at", None)
     factor = getattr(load, "burst_factor", None)
     if burst_at is None or factor is None:
@@ -54,13 +59,16 @@ def burst_blind_plan(
         )
     if not 0 <= insured_share <= 1:
         raise ValueError(f"insured_share must be within [0, 1] (got {insured_share})")
+    if room is not None and not room >= 1:
+        raise ValueError(f"burst_room must be at least 1, the calm load (got {room})")
     base = [
         None if s.rate is None else s.rate / factor if burst_at(s.start_s) else s.rate
         for s in samples
     ]
     known = sorted((b, i) for i, b in enumerate(base) if b is not None)
     insured = {i for _, i in known[: math.ceil(insured_share * len(known))]}
-    plan = [None if b is None else b * factor if i in insured else b for i, b in enumerate(base)]
+    held = factor if room is None else room
+    plan = [None if b is None else b * held if i in insured else b for i, b in enumerate(base)]
     return base, plan
 
 
@@ -105,6 +113,9 @@ class SimulationConfig:
     # The burst-blind bound holds room for a burst in this share of the windows, the
     # ones of least load (where that room costs least), and none elsewhere.
     insured_share: float = 0.5
+    # The room it holds in those windows, as a multiple of the calm load (None: the
+    # load's burst factor, room for a whole burst).
+    burst_room: float | None = None
 
     def __post_init__(self) -> None:
         if self.placement not in ("gpus", "nodes"):
@@ -264,7 +275,9 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     samples = clean_outages(raw)
     forecaster = LoadForecaster(step, quantile=config.forecast_quantile)
     blind = config.policy == "oracle-burst-blind"
-    base, plan = burst_blind_plan(load, raw, config.insured_share) if blind else ([], [])
+    base, plan = (
+        burst_blind_plan(load, raw, config.insured_share, config.burst_room) if blind else ([], [])
+    )
     lend_windows = max(1, math.ceil(config.lend_horizon_s / step))
     cron_headroom = config.cron_headroom()
     cron = CronSchedule(headroom=cron_headroom) if cron_headroom is not None else None
