@@ -135,3 +135,35 @@ def test_the_calibrations_step_is_the_one_configured(diurnal: SyntheticLoad) -> 
     uncalibrated = held(slo_target=None)
     assert held(slo_step=1e-9) == pytest.approx(uncalibrated, abs=0.05)
     assert abs(held(slo_step=0.05) - uncalibrated) > 0.5
+
+
+def test_total_queueing_counts_the_wait_after_a_preemption(tmp_path: Path) -> None:
+    """One 8-GPU gang on 16 GPUs. The load needs the second node for windows 12-17 only:
+    the oracle stops the gang at 2 h and gives the node back at 3 h, so the gang waited
+    0 h before its first start and 1 h in all. A static split never stops it (the two
+    are equal); a gang stopped and never restarted waits until the end."""
+    from tideflow.broker.jobs import JobSpec
+
+    trace = tmp_path / "step.csv"
+    rates = [80.0] * 12 + [160.0] * 6 + [80.0] * 12
+    trace.write_text(
+        "start_s,rate_rps\n" + "".join(f"{i * 600},{r}\n" for i, r in enumerate(rates))
+    )
+    jobs = [JobSpec("a", 0.0, 8, 10 * 3600.0, 1800.0)]
+
+    def metrics(policy: str) -> dict[str, float]:
+        config = SimulationConfig(
+            policy=policy, total_gpus=16, node_gpus=8, per_gpu_rps=10.0, headroom=0.0
+        )
+        return simulate(TraceLoad(trace), jobs, config).metrics
+
+    oracle = metrics("oracle")
+    assert oracle["preemptions"] == 1
+    assert (oracle["mean_queueing_hours"], oracle["mean_total_queueing_hours"]) == (0.0, 1.0)
+    static = metrics("static:8")
+    assert (static["mean_queueing_hours"], static["mean_total_queueing_hours"]) == (0.0, 0.0)
+    # Tidal, with no history, holds both nodes from the second window on: the gang,
+    # stopped at 10 minutes, waits the remaining 29 windows.
+    tidal = metrics("tidal")
+    assert tidal["preemptions"] == 1
+    assert tidal["mean_total_queueing_hours"] == round(29 * 600 / 3600, 2)

@@ -182,6 +182,10 @@ class _Job:
     started_once: bool = False
     preemptions: int = 0
     gpus_now: int = 0  # GPUs it runs on (below spec.gpus while shrunk)
+    # Time spent queued, the waits after its preemptions included: the first wait alone
+    # would flatter a policy that stops gangs more often.
+    queued_s: float = 0.0
+    queued_since: float | None = None  # while queued: since when
 
     @property
     def speed(self) -> float:
@@ -336,6 +340,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
         lost_before = lost_gpu_s
         while pending and pending[0].submit_s < now + step:
             job = _Job(pending.pop(0))
+            job.queued_since = job.spec.submit_s
             queue.append(job)
             everyone.append(job)
         action, reason, upper, preempted_now = "static", "", None, 0
@@ -423,6 +428,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 lost_gpu_s += _preempt(victim, config)
                 running.remove(victim)
                 queue.append(victim)
+                victim.queued_since = now
                 preempted_now += 1
                 if pool is not None:
                     pool.release(victim.spec.job_id)
@@ -439,6 +445,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                         lost_gpu_s += _preempt(victim, config)
                         running.remove(victim)
                         queue.append(victim)
+                        victim.queued_since = now
                         pool.release(gang)
                         preempted_now += 1
                         placement_preemptions += 1
@@ -464,6 +471,9 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 job.running = True
                 if job.first_start_s is None:
                     job.first_start_s = now
+                if job.queued_since is not None:
+                    job.queued_s += now - job.queued_since
+                    job.queued_since = None
                 job.startup_left_s = config.restart_overhead_s
                 if job.started_once:  # start-up after a preemption is lost GPU time
                     lost_gpu_s += config.restart_overhead_s * job.spec.gpus
@@ -554,6 +564,9 @@ def _score(  # noqa: PLR0917 - private, called once
     waits = [
         (j.first_start_s if j.first_start_s is not None else end_s) - j.spec.submit_s for j in jobs
     ]
+    queued = [
+        j.queued_s + (end_s - j.queued_since if j.queued_since is not None else 0.0) for j in jobs
+    ]
     return {
         "windows": len(windows),
         "gap_windows": len(windows) - len(scored),
@@ -576,6 +589,8 @@ def _score(  # noqa: PLR0917 - private, called once
         "jobs_finished": len(finished),
         # jobs never started count as waiting until the end (a lower bound on their wait)
         "mean_queueing_hours": round(statistics.fmean(waits) / 3600, 2) if waits else None,
+        # every wait, the requeues after preemptions too (jobs still queued: until the end)
+        "mean_total_queueing_hours": round(statistics.fmean(queued) / 3600, 2) if queued else None,
         "mean_jct_hours": round(
             statistics.fmean(done - submit for done, submit in finished) / 3600, 2
         )
