@@ -224,6 +224,8 @@ def burst_blind(
     reaches it (or all of them), against the cron split at the SLO it reached; then the
     same bound holding one room in every window. It runs with the overrides tidal and
     the oracle run with."""
+    # the bounds' own knobs are what they search: a --set of them would collide
+    overrides = {k: v for k, v in overrides.items() if k not in ("insured_share", "burst_room")}
     for share in INSURED_SHARES:
         bound = run(trace, jobs, "oracle-burst-blind", insured_share=share, **overrides)
         if bound["slo_attainment"] >= slo:
@@ -285,6 +287,7 @@ def uniform_room(
     headroom, cron = sweep.equal_slo(bound["slo_attainment"])
     return {
         "uniform_room": high / 100,
+        "uniform_reached": bound["slo_attainment"] >= slo,
         "uniform_slo": bound["slo_attainment"],
         "uniform_lost_fraction": bound["lost_fraction_of_training"],
         "uniform_oracle_share": oracle_share(bound, big, oracle),
@@ -441,7 +444,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         ]
         for r in blind:
             lines.append(
-                f"| {r['trace']} | {r['uniform_room']:.2f}x, {r['uniform_slo']:.2%}, "
+                f"| {r['trace']} | {r['uniform_room']:.2f}x"
+                f"{'' if r['uniform_reached'] else ' (tidal SLO not reached)'}, "
+                f"{r['uniform_slo']:.2%}, "
                 f"{r['uniform_lost_fraction']:.2%} | {r['oracle_share']:.0%} / "
                 f"{r['uniform_oracle_share']:.0%} | {r['tidal_queueing_hours']:.1f} / "
                 f"{r['uniform_queueing_hours']:.1f} h | {r['queueing_cron_over_tidal']:.2f}x "

@@ -113,6 +113,7 @@ def test_an_unknown_policy_names_every_policy_and_bound() -> None:
     message = str(caught.value)
     for name in ("'tidal'", "'static:N'", "'cron:H'", "'oracle'", "'oracle-burst-blind'"):
         assert name in message
+    assert "e.g. cron:0.2), 'oracle'" in message  # one list, each entry set off
 
 
 def test_a_room_below_the_burst_is_held_in_every_insured_window_on_the_calm_load() -> None:
@@ -127,6 +128,8 @@ def test_a_room_below_the_burst_is_held_in_every_insured_window_on_the_calm_load
     assert full != lean
     with pytest.raises(ValueError, match="burst_room must be at least 1"):
         burst_blind_plan(LOAD, samples, 1.0, room=0.9)
+    with pytest.raises(ValueError, match="burst_room must be at least 1"):
+        SimulationConfig(policy="oracle-burst-blind", burst_room=0.5)
 
 
 def test_more_room_in_every_window_covers_every_window_less_room_covered() -> None:

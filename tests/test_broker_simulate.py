@@ -167,3 +167,29 @@ def test_total_queueing_counts_the_wait_after_a_preemption(tmp_path: Path) -> No
     tidal = metrics("tidal")
     assert tidal["preemptions"] == 1
     assert tidal["mean_total_queueing_hours"] == round(29 * 600 / 3600, 2)
+
+
+def test_every_wait_is_at_least_the_first_and_more_where_gangs_were_stopped(
+    diurnal: SyntheticLoad,
+) -> None:
+    """Small gangs placed on nodes with victims chosen by count, so inference's growth
+    also stops gangs only to empty nodes (the placement's own evictions): the stopped
+    gangs wait again, and no policy's total wait is below its first wait."""
+    jobs = synthetic_jobs(
+        seed=2,
+        total_gpus=200,
+        horizon_s=DAYS * 86400,
+        sizes=(1, 2, 4, 8, 16, 32),
+        weights=(0.2, 0.2, 0.2, 0.2, 0.1, 0.1),
+    )
+    for policy in ("static:136", "tidal"):
+        config = SimulationConfig(
+            policy=policy, per_gpu_rps=25.0, placement="nodes", node_aware=False
+        )
+        m = simulate(diurnal, jobs, config, start_s=0, end_s=DAYS * 86400).metrics
+        assert m["mean_total_queueing_hours"] >= m["mean_queueing_hours"]
+        if policy == "tidal":
+            assert m["placement_preemptions"] > 0
+            assert m["mean_total_queueing_hours"] > m["mean_queueing_hours"]
+        else:
+            assert m["mean_total_queueing_hours"] == m["mean_queueing_hours"]

@@ -127,6 +127,11 @@ class SimulationConfig:
                 f"placement 'nodes': total_gpus {self.total_gpus} is not whole nodes of "
                 f"{self.node_gpus}"
             )
+        if self.burst_room is not None and not self.burst_room >= 1:
+            raise ValueError(
+                f"burst_room must be at least 1, the calm load, or None for the load's "
+                f"burst factor (got {self.burst_room})"
+            )
 
     def static_gpus(self) -> int | None:
         if self.policy in ("tidal", *BOUNDS) or self.cron_headroom() is not None:
