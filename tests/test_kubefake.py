@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -1211,3 +1212,19 @@ def test_kueue_borrows_within_the_cohort_up_to_the_limit(fake: KubeFake) -> None
     fake.create(jobset("c", queue_name="nobody"))
     with pytest.raises(NotAdmittedError, match="LocalQueue nobody doesn't exist"):
         fake.kueue.admit(NS, "c")
+
+
+def test_without_upstream_schemas_the_fake_skips_saying_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A clone without ../shared (a user's): every test that needs a custom resource's
+    upstream schema skips with the path it needs, rather than erroring at setup."""
+    from tests.kubefake import schemas
+
+    monkeypatch.setattr(schemas, "SCHEMAS", tmp_path / "absent")
+    schemas._crd.cache_clear()
+    try:
+        with pytest.raises(pytest.skip.Exception, match=r"needs the upstream CRD .*absent"):
+            schemas._crd("volcano/scheduling.volcano.sh_queues.yaml")
+    finally:
+        schemas._crd.cache_clear()
