@@ -115,6 +115,68 @@ def test_interrupting_tideflow_run_stops_its_gang_and_frees_its_lease(
     assert LeaseLedger(home / "leases.db", detect_local()).leases() == []
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_a_running_step_ends_the_run_as_interrupted_and_stops_its_process(
+    tmp_path: Path, signum: int
+) -> None:
+    """A data-prep step runs its entry point in a child process, and the task inside
+    ``dag.test()`` gets the interrupt as KeyboardInterrupt, which Airflow's task runner
+    turns into the task's failure. The run must still end as interrupted (130), not as
+    failed, and the entry point's process must not be left running."""
+    (tmp_path / "slowstep.py").write_text(
+        textwrap.dedent("""\
+        import os, time
+        from pathlib import Path
+
+        def wait(*args, **kwargs):
+            Path(os.environ["SLOW_MARKER"]).write_text(str(os.getpid()))
+            time.sleep(120)
+            return {}
+        """)
+    )
+    pipeline = tmp_path / "slow.yaml"
+    pipeline.write_text(
+        textwrap.dedent("""\
+        apiVersion: tideflow/v1
+        kind: Pipeline
+        metadata: {name: slow, team: qa}
+        steps:
+          - name: prepare
+            data_prep: {entrypoint: "slowstep:wait"}
+        """)
+    )
+    marker = tmp_path / "marker"
+    env = {
+        **cli_env(tmp_path / "home"),
+        "PYTHONPATH": str(tmp_path),
+        "SLOW_MARKER": str(marker),
+    }
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tideflow.cli", "run", str(pipeline)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not marker.exists() or not marker.read_text():
+            assert run.poll() is None and time.monotonic() < deadline, "the step never ran"
+            time.sleep(0.2)
+        step_pid = int(marker.read_text())
+        run.send_signal(signum)
+        output, _ = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130, output[-3000:]
+    assert "pipeline slow: interrupted" in output
+    deadline = time.monotonic() + 15  # the step's process group gets its stop grace
+    while alive(step_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(step_pid)
+
+
 def test_tideflow_gangs_cancel_stops_a_gang_and_releases_its_lease(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,11 @@ def run_pipeline(pipeline: Path, conf: dict[str, Any], home: Path) -> str:
     dag = build_dag(compile_dag_plan(spec), pipeline)
     try:
         dag_run = dag.test(run_conf=conf)
+        if INTERRUPTED.is_set():
+            # Airflow's task runner turns a KeyboardInterrupt inside a task into that
+            # task's failure (it catches BaseException) and the run goes on to its end:
+            # it was an interrupt all the same.
+            raise KeyboardInterrupt
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cmd_run turns it into this)
         for line in stop_run_gangs(dag.dag_id, [s.name for s in spec.steps if s.gang_training]):
             print(f"tideflow: interrupted: {line}", file=sys.stderr, flush=True)
@@ -97,6 +103,14 @@ def stop_run_gangs(dag_id: str, gang_steps: list[str]) -> list[str]:
     return done
 
 
+INTERRUPTED = threading.Event()  # set by the first SIGINT, whoever catches its exception
+
+
+def _on_interrupt(signum: int, frame: object) -> None:
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
 def run_interruptibly(pipeline: Path, conf: dict[str, Any], home: Path) -> int:
     """``run_pipeline`` in a child process; 0 on success, 1 on failure, 130 interrupted."""
     child = subprocess.Popen(
@@ -125,6 +139,7 @@ def run_interruptibly(pipeline: Path, conf: dict[str, Any], home: Path) -> int:
 
 def main(argv: list[str]) -> int:
     pipeline, home, conf = Path(argv[0]), Path(argv[1]), json.loads(argv[2])
+    signal.signal(signal.SIGINT, _on_interrupt)
     from tideflow.spec import load_pipeline
 
     name = load_pipeline(pipeline).metadata.name

@@ -93,7 +93,13 @@ def run_entrypoint(
             raise StepError(f"cannot start {command[0]!r}: {exc}") from exc
         if on_start is not None:
             on_start(child)
-        code = child.stream(on_line)
+        try:
+            code = child.stream(on_line)
+        except BaseException:
+            # Interrupted while it runs (Ctrl-C reaching the task as KeyboardInterrupt,
+            # a timeout): stop its process group rather than leave it running alone.
+            child.stop()
+            raise
         if code != 0:
             tail = "\n".join(child.tail)
             raise StepError(
