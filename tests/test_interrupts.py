@@ -57,6 +57,17 @@ def gangs(env: dict[str, str]) -> list[dict[str, Any]]:
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+def start_tideflow_run(pipeline: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``tideflow run PIPELINE`` as a user starts it, its output read as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tideflow.cli", "run", str(pipeline)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_tideflow_run_stops_its_gang_and_frees_its_lease(
@@ -79,13 +90,7 @@ def test_interrupting_tideflow_run_stops_its_gang_and_frees_its_lease(
     )
     home = tmp_path / "home"
     env = cli_env(home)
-    run = subprocess.Popen(
-        [sys.executable, "-m", "tideflow.cli", "run", str(pipeline)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    run = start_tideflow_run(pipeline, env)
     try:
         deadline = time.monotonic() + 180
         rows: list[dict[str, Any]] = []
@@ -152,13 +157,7 @@ def test_interrupting_a_running_step_ends_the_run_as_interrupted_and_stops_its_p
         "PYTHONPATH": str(tmp_path),
         "SLOW_MARKER": str(marker),
     }
-    run = subprocess.Popen(
-        [sys.executable, "-m", "tideflow.cli", "run", str(pipeline)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    run = start_tideflow_run(pipeline, env)
     try:
         deadline = time.monotonic() + 180
         while not marker.exists() or not marker.read_text():
