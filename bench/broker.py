@@ -519,6 +519,13 @@ def main() -> int:
         help="share of the gangs of 16+ GPUs that are elastic down to half their size",
     )
     parser.add_argument(
+        "--short-share",
+        type=float,
+        default=0.0,
+        help="share of the arrivals that are short jobs (8 GPUs, 15-90 min: evaluations, "
+        "sweeps), the offered GPU-hours unchanged",
+    )
+    parser.add_argument(
         "--sizes",
         type=lambda text: tuple(int(x) for x in text.split(",")),
         choices=sorted(SIZE_WEIGHTS),
@@ -564,6 +571,7 @@ def main() -> int:
             horizon_s=t.end_s - t.start_s,
             offered_fraction=args.offered,
             elastic_fraction=args.elastic_share,
+            short_fraction=args.short_share,
             **({"sizes": args.sizes, "weights": SIZE_WEIGHTS[args.sizes]} if args.sizes else {}),
         )
         for t in chosen

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tideflow.broker import SimulationConfig, SyntheticLoad, TraceLoad, simulate, synthetic_jobs
+from tideflow.broker.jobs import JobSpec
 from tideflow.cli import main
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
@@ -193,3 +194,24 @@ def test_every_wait_is_at_least_the_first_and_more_where_gangs_were_stopped(
             assert m["mean_total_queueing_hours"] > m["mean_queueing_hours"]
         else:
             assert m["mean_total_queueing_hours"] == m["mean_queueing_hours"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_stream_with_short_jobs_offers_the_same_gpu_hours(seed: int) -> None:
+    horizon = 60 * 86400.0
+    plain = synthetic_jobs(seed=seed, total_gpus=200, horizon_s=horizon)
+    mixed = synthetic_jobs(seed=seed, total_gpus=200, horizon_s=horizon, short_fraction=0.3)
+    short = [j for j in mixed if j.work_s < 2 * 3600]  # the long jobs run 2-12 h
+    assert not [j for j in plain if j.work_s < 2 * 3600]
+    assert len(short) / len(mixed) == pytest.approx(0.3, abs=0.05)
+    assert all(j.gpus == 8 and 900 <= j.work_s <= 5400 for j in short)
+
+    def offered(jobs: list[JobSpec]) -> float:  # over the 85% of the horizon they arrive in
+        return sum(j.gpus * j.work_s for j in jobs) / (200 * horizon * 0.85)
+
+    # more, shorter arrivals carry the same 55% of the cluster's GPU-hours
+    assert len(mixed) > 1.25 * len(plain)
+    assert offered(mixed) == pytest.approx(0.55, rel=0.1)
+    assert offered(plain) == pytest.approx(0.55, rel=0.1)
+    with pytest.raises(ValueError, match="short_fraction"):
+        synthetic_jobs(seed=seed, total_gpus=200, horizon_s=horizon, short_fraction=1.0)

@@ -35,6 +35,9 @@ def synthetic_jobs(
     checkpoint_every_s: float = 1800.0,
     submit_until_fraction: float = 0.85,
     elastic_fraction: float = 0.0,
+    short_fraction: float = 0.0,
+    short_hours: tuple[float, float] = (0.25, 1.5),
+    short_gpus: int = 8,
 ) -> list[JobSpec]:
     """Poisson arrivals offering ``offered_fraction`` of the cluster's GPU-hours on average.
 
@@ -43,12 +46,21 @@ def synthetic_jobs(
     stream, whichever policy is being measured. ``elastic_fraction`` of the gangs
     of 16 GPUs or more are elastic down to half their size; which ones is drawn
     from a generator of its own, so the stream is otherwise the same one.
+    ``short_fraction`` of the arrivals are short jobs instead (evaluations, sweeps):
+    ``short_gpus`` GPUs for ``short_hours`` of work, drawn from a generator of their
+    own; the arrival rate falls so that the offered GPU-hours stay the same.
     """
+    if not 0 <= short_fraction < 1:
+        raise ValueError(f"short_fraction must be within [0, 1) (got {short_fraction})")
     rng = random.Random(seed)
     elastic_rng = random.Random(f"elastic-{seed}")
+    short_rng = random.Random(f"short-{seed}")
     mean_gpus = sum(s * w for s, w in zip(sizes, weights, strict=True)) / sum(weights)
     mean_hours = sum(hours) / 2
-    per_hour = offered_fraction * total_gpus / (mean_gpus * mean_hours)
+    mean_gpu_hours = (1 - short_fraction) * mean_gpus * mean_hours + short_fraction * (
+        short_gpus * sum(short_hours) / 2
+    )
+    per_hour = offered_fraction * total_gpus / mean_gpu_hours
     jobs: list[JobSpec] = []
     now, index = 0.0, 0
     until = horizon_s * submit_until_fraction
@@ -59,6 +71,8 @@ def synthetic_jobs(
         gpus = rng.choices(sizes, weights)[0]
         work = rng.uniform(*hours) * 3600
         priority = 1 if rng.random() < 0.2 else 0
+        if short_fraction and short_rng.random() < short_fraction:
+            gpus, work = short_gpus, short_rng.uniform(*short_hours) * 3600
         elastic = elastic_rng.random() < elastic_fraction and gpus >= 16
         jobs.append(
             JobSpec(
