@@ -575,6 +575,7 @@ def test_the_brokers_role_covers_every_call_it_makes(cluster: tuple[Cluster, Any
     ).apply(grow_to(16, "job-a"))
     kueue = ClusterTarget(namespace=NS, hpa="inference", queue_kind="kueue")
     KubernetesActuator(api, kueue).apply(Decision(Action.LEND, 8, 5, 8, reason="trough"))
+    KubernetesActuator(api, kueue).preemption_counts()
     assert all(r.code < 400 or r.code == 429 for r in fake.broker_requests())
     unused = {(g.resource, g.verb, g.name) for g in fake.fake.rbac.unused(BROKER, NS)}
     assert unused == {

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,3 +167,140 @@ def test_a_journal_from_before_the_record_gives_no_work_and_is_upgraded(
     (entry,) = journal.since(0.0)
     assert (entry.held_gpus, entry.training_gpus, entry.stopped_gpus) == (None, None, None)
     assert journal.training_work(0.0, STEP) is None
+
+
+def workload(
+    name: str, pods: int, gpus_per_pod: int, *, limits_only: bool = False
+) -> dict[str, Any]:
+    """A Kueue Workload as its JobSet integration creates one: one pod set of ``pods``
+    workers asking for ``gpus_per_pod`` GPUs each (v1beta2, checked against the CRD)."""
+    amount = {"nvidia.com/gpu": str(gpus_per_pod)} if gpus_per_pod else {"cpu": "4"}
+    resources = {"limits": amount} if limits_only else {"requests": amount, "limits": amount}
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "queueName": "training",
+            "podSets": [
+                {
+                    "name": "workers",
+                    "count": pods,
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "trainer", "image": "trainer:1", "resources": resources}
+                            ]
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def preempted(times: int) -> dict[str, Any]:
+    """The status Kueue leaves on a Workload it has preempted ``times`` times and not
+    admitted again (kueue site/content/en/docs/concepts/preemption.md: the Evicted
+    condition with reason Preempted; the count in ``schedulingStats.evictions``)."""
+    return {
+        "conditions": [
+            {
+                "type": "Evicted",
+                "status": "True",
+                "reason": "Preempted",
+                "message": "Preempted to accommodate a workload due to reclamation "
+                "within the cohort",
+                "lastTransitionTime": "2026-11-24T10:00:00Z",
+            }
+        ],
+        "schedulingStats": {
+            "evictions": [
+                {"reason": "Preempted", "underlyingCause": "InCohortReclamation", "count": times},
+                {"reason": "PodsReadyTimeout", "underlyingCause": "", "count": 5},
+            ]
+        },
+    }
+
+
+def test_kueues_preemptions_of_training_count_against_the_budget_once_each(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """Kueue preempts training workloads between teams (a cohort reclaiming its quota)
+    without the broker: each step journals the rise of every Workload's preemption count
+    and the lend bound weighs those stops with the broker's own. The old code counted
+    only its own evictions: none here, so it lent under budget at x0.78.
+
+    Kueue itself cannot run here: the test writes the status Kueue's controller would."""
+    fake, api = cluster
+    fake.start_gangs()
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS, queue_kind="kueue"))
+    journal = DecisionJournal(tmp_path / "broker.db")
+    a = fake.fake.create(workload("train-a", 2, 8))  # 16 GPUs
+    old = fake.fake.create(workload("train-old", 1, 8))
+    fake.fake.set_status(old, preempted(2))  # before the broker watched: not counted
+    fake.fake.create(workload("prep", 3, 0))  # CPU only: not the broker's GPUs
+    start = time.time() + 1.0  # the steps' clock: the workloads above came before it
+    for index in range(144):  # a day of steps, training on 20 GPUs, nothing stopped
+        rebalance_once(Flat(), actuator, CONFIG, journal, now_s=start + index * STEP)
+    now = start + 144 * STEP
+    assert "lend bound x0.78" in rebalance_once(Flat(), actuator, CONFIG, journal, now)[0].reason
+
+    fake.fake.set_status(a, preempted(1))
+    rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now + STEP)
+    rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now + 2 * STEP)  # no rise: 0
+    # admitted again and preempted twice more between two steps (the Evicted condition
+    # may be False by then: the count still rose)
+    fake.fake.set_status(a, {"schedulingStats": preempted(3)["schedulingStats"]})
+    while time.time() < start + 1.0:  # (creation times are whole seconds)
+        time.sleep(0.1)
+    late = fake.fake.create(workload("train-late", 1, 4, limits_only=True))
+    fake.fake.set_status(late, preempted(1))  # created while watched: counted from zero
+    rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now + 3 * STEP)
+
+    work = journal.training_work(now - BUDGET_S, now + 4 * STEP)
+    assert work is not None and work.stopped_gpus == 16 * 3 + 4
+    # 52 x 360 GPU-s is 5.2 GPU-h lost, over 1% of the 20 GPUs' day
+    over = lend_bound(Flat(), actuator, CONFIG, now + 4 * STEP, journal)
+    assert over is not None and over.margin == 0.0
+    assert "lost work 5.2 of a 4.9 GPU-h budget" in over.reason
+
+
+def _record_rising_counts(path: str, rounds: int, offset: int, together: Any) -> None:
+    from tideflow.broker.journal import DecisionJournal, PreemptionCount
+
+    journal = DecisionJournal(Path(path))
+    for index in range(rounds):
+        # each process sees the count at its own moment: some counts twice, some never
+        count = index + (index + offset) % 3
+        together.wait()  # every process steps at once
+        journal.record_preemptions(float(index), [PreemptionCount("w", count, 8, created_s=0.0)])
+
+
+@pytest.mark.parametrize("processes", [4])
+def test_concurrent_steps_count_each_preemption_once(tmp_path: Path, processes: int) -> None:
+    """Several broker steps at once (the DAG's and a service's) over many rounds, each
+    reading the same rising count at its own moment: the journal holds each
+    preemption once, whatever the interleaving."""
+    import multiprocessing
+
+    path = tmp_path / "broker.db"
+    journal = DecisionJournal(path)
+    journal.record_preemptions(-1.0, [])  # watching from before the workload was created
+    context = multiprocessing.get_context("spawn")
+    together = context.Barrier(processes)
+    workers = [
+        context.Process(target=_record_rising_counts, args=(str(path), 60, offset, together))
+        for offset in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    with sqlite3.connect(path) as db:
+        (highest, gpus) = db.execute(
+            "SELECT MAX(count), SUM(gpus) FROM scheduler_preemptions WHERE uid = 'w'"
+        ).fetchone()
+    assert highest == 59 + 2
+    assert gpus == 8 * highest

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,9 +35,31 @@ CREATE TABLE IF NOT EXISTS decisions (
     stopped_gpus INTEGER
 );
 CREATE INDEX IF NOT EXISTS decisions_at ON decisions (at_s);
+-- Preemptions the cluster's queue made (Kueue's count per Workload), as the broker's
+-- steps saw the counts rise: one row per rise, so each is counted once.
+CREATE TABLE IF NOT EXISTS scheduler_preemptions (
+    uid TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    at_s REAL NOT NULL,
+    gpus INTEGER NOT NULL,
+    PRIMARY KEY (uid, count)
+);
+CREATE INDEX IF NOT EXISTS scheduler_preemptions_at ON scheduler_preemptions (at_s);
+CREATE TABLE IF NOT EXISTS journal_meta (key TEXT PRIMARY KEY, value REAL NOT NULL);
 """
 # Journals written before these were recorded gain the columns (NULL: not recorded).
 _UPGRADES = (("held_gpus", "INTEGER"), ("training_gpus", "INTEGER"), ("stopped_gpus", "INTEGER"))
+
+
+@dataclass(frozen=True)
+class PreemptionCount:
+    """How often the cluster's queue has preempted one training workload so far (Kueue
+    keeps the count in the Workload's status), and what one preemption stops."""
+
+    uid: str
+    count: int
+    gpus: int  # the GPUs its pods request: what one preemption stops
+    created_s: float
 
 
 @dataclass(frozen=True)
@@ -164,7 +187,53 @@ class DecisionJournal:
         for entry, after in zip(entries, [*(e.at_s for e in entries[1:]), until_s], strict=True):
             trained += (entry.training_gpus or 0) * (after - entry.at_s)
         stopped = sum(e.stopped_gpus or 0 for e in entries)
-        return TrainingWork(trained, 0.0, stopped)
+        with self._db() as db:
+            (by_queue,) = db.execute(
+                "SELECT COALESCE(SUM(gpus), 0) FROM scheduler_preemptions "
+                "WHERE at_s >= ? AND at_s < ?",
+                (since_s, until_s),
+            ).fetchone()
+        return TrainingWork(trained, 0.0, stopped + int(by_queue))
+
+    def record_preemptions(self, at_s: float, counts: Iterable[PreemptionCount]) -> int:
+        """Journal the preemptions the queue made since the last step: each workload's
+        count over the highest count journaled for it, at ``at_s``. A workload seen for
+        the first time counts from zero when it was created after the journal began
+        watching, else from its count now (what came before is not known to be recent).
+        The GPUs newly stopped."""
+        stopped = 0
+        with self._db() as db:
+            # Read and write under one write lock: two steps at once (the DAG's and a
+            # service's) must not both count the rise from the same journaled count.
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(
+                "INSERT OR IGNORE INTO journal_meta VALUES ('preemptions_watched_since', ?)",
+                (at_s,),
+            )
+            (since,) = db.execute(
+                "SELECT value FROM journal_meta WHERE key = 'preemptions_watched_since'"
+            ).fetchone()
+            for seen_now in counts:
+                (before,) = db.execute(
+                    "SELECT MAX(count) FROM scheduler_preemptions WHERE uid = ?", (seen_now.uid,)
+                ).fetchone()
+                if before is None:
+                    before = 0 if seen_now.created_s >= since else seen_now.count
+                    if before == seen_now.count:  # the baseline: nothing new
+                        db.execute(
+                            "INSERT OR IGNORE INTO scheduler_preemptions VALUES (?, ?, ?, 0)",
+                            (seen_now.uid, seen_now.count, at_s),
+                        )
+                        continue
+                if seen_now.count <= before:
+                    continue
+                gpus = seen_now.gpus * (seen_now.count - before)
+                inserted = db.execute(
+                    "INSERT OR IGNORE INTO scheduler_preemptions VALUES (?, ?, ?, ?)",
+                    (seen_now.uid, seen_now.count, at_s, gpus),
+                ).rowcount
+                stopped += gpus if inserted else 0
+        return stopped
 
     def last(self) -> JournalEntry | None:
         with self._db() as db:

@@ -36,9 +36,10 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
+from tideflow.broker.journal import PreemptionCount
 from tideflow.broker.policy import Decision, GangView
 from tideflow.broker.tenant import (
     INFERENCE_TEAM,
@@ -64,6 +65,7 @@ POOL_LABEL = "tideflow.io/pool"
 POOL = "training"  # the node label value of the broker's pool in a cluster file
 DEVICE_CLASSES: dict[str, DeviceClass] = {"nvidia.com/gpu": "gpu", "huawei.com/Ascend910": "npu"}
 TAINT_KEY = "tideflow.io/pool"
+KUEUE_PREEMPTED = "Preempted"  # the eviction reason of a Workload Kueue preempted
 # The client would send a dict body as a JSON *Patch* (its first content type),
 # which the API server rejects; every patch here is a JSON merge patch.
 MERGE = "application/merge-patch+json"
@@ -323,8 +325,53 @@ class KubernetesActuator:
     def training_work(self, since_s: float, until_s: float) -> None:
         """None: the cluster keeps no record of the work its preemptions cost (Kueue and
         Volcano journal no usage), so the broker weighs its own journal's (the training
-        GPUs it saw at each step and the pods it evicted; ``DecisionJournal.training_work``)."""
+        GPUs it saw at each step, the pods it evicted and the preemptions Kueue counted;
+        ``DecisionJournal.training_work``)."""
         return None
+
+    def preemption_counts(self) -> tuple[PreemptionCount, ...]:
+        """How often Kueue has preempted each training Workload of the namespace that asks
+        for the broker's GPUs: its ``status.schedulingStats.evictions`` entries of reason
+        ``Preempted`` (the reason Kueue evicts a preemptee with, in its preemption docs,
+        site/content/en/docs/concepts/preemption.md; the counter is in the Workload
+        CRD's v1beta2 schema). A count, not the ``Evicted`` condition, because the
+        condition turns back to False when the workload is admitted again, which can
+        happen between two of the broker's steps. Volcano keeps no such count (its
+        preemptions show only as pod events): () there."""
+        if self.target.queue_kind != "kueue":
+            return ()
+        workloads = self.custom.list_namespaced_custom_object(
+            "kueue.x-k8s.io", self.target.kueue_version, self.target.namespace, "workloads"
+        )["items"]
+        counts = []
+        for workload in workloads:
+            gpus = sum(
+                int(pod_set.get("count", 1)) * self._template_gpus(pod_set.get("template", {}))
+                for pod_set in workload.get("spec", {}).get("podSets", [])
+            )
+            stats = (workload.get("status") or {}).get("schedulingStats") or {}
+            count = sum(
+                int(e.get("count", 0))
+                for e in stats.get("evictions", [])
+                if e.get("reason") == KUEUE_PREEMPTED
+            )
+            if gpus:
+                meta = workload["metadata"]
+                created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+                counts.append(PreemptionCount(meta["uid"], count, gpus, created.timestamp()))
+        return tuple(counts)
+
+    def _template_gpus(self, template: dict[str, Any]) -> int:
+        """GPUs one pod of a pod template asks for (its requests, else its limits: an
+        extended resource's request defaults to its limit)."""
+        total = 0
+        for container in template.get("spec", {}).get("containers", []):
+            resources = container.get("resources") or {}
+            amount = (resources.get("requests") or {}).get(self.target.gpu_resource)
+            if amount is None:
+                amount = (resources.get("limits") or {}).get(self.target.gpu_resource, "0")
+            total += int(str(amount))
+        return total
 
     def gangs(self) -> tuple[GangView, ...]:
         """Gangs on the training pool, by their pods' ``tideflow.io/gang`` label.

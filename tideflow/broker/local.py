@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from tideflow.backends.protocol import Backend
 from tideflow.broker.calibrate import TrainingWork
+from tideflow.broker.journal import PreemptionCount
 from tideflow.broker.policy import Decision, GangView
 from tideflow.broker.tenant import INFERENCE_PRIORITY, capped, ceiling, governs_inference
 from tideflow.broker.tenant import INFERENCE_TEAM as INFERENCE_TEAM  # noqa: PLC0414 (tideflow.ui)
@@ -164,6 +165,10 @@ class LocalActuator:
     def idle_training_gpus(self) -> int:
         used = sum(len(p.devices) for x in self._of_class() for p in x.placements)
         return self.total_gpus() - used
+
+    def preemption_counts(self) -> tuple[PreemptionCount, ...]:
+        """None to add: the ledger's usage record counts every stop already."""
+        return ()
 
     def training_work(self, since_s: float, until_s: float) -> TrainingWork:
         """Training's device-time on the class over [since_s, until_s] and the stops in it,

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from tideflow.broker.calibrate import LostWorkBudget, SloCalibration, TrainingWork, scaled
 from tideflow.broker.forecast import LoadForecaster, clean_outages
-from tideflow.broker.journal import DecisionJournal, JournalEntry
+from tideflow.broker.journal import DecisionJournal, JournalEntry, PreemptionCount
 from tideflow.broker.load import (
     LoadSample,
     LoadSource,
@@ -51,6 +51,9 @@ class Actuator(Protocol):
     def pinned_nodes(self) -> frozenset[str]: ...
     # Training's time and stops over a past span (None: no record of them here).
     def training_work(self, since_s: float, until_s: float) -> TrainingWork | None: ...
+    # How often the cluster's own queue has preempted each training workload, for the
+    # journal to count where the actuator keeps no record of training's work.
+    def preemption_counts(self) -> tuple[PreemptionCount, ...]: ...
 
 
 class TenantActuator(Actuator, Protocol):
@@ -629,4 +632,5 @@ def rebalance_once(
         ),
         stopped_gpus=stopped,
     )
+    journal.record_preemptions(now, actuator.preemption_counts())
     return decision, applied
