@@ -170,10 +170,12 @@ def test_a_journal_from_before_the_record_gives_no_work_and_is_upgraded(
 
 
 def workload(
-    name: str, pods: int, gpus_per_pod: int, *, limits_only: bool = False
+    name: str, pods: int, gpus_per_pod: int, *, limits_only: bool = False, gang: bool = True
 ) -> dict[str, Any]:
     """A Kueue Workload as its JobSet integration creates one: one pod set of ``pods``
-    workers asking for ``gpus_per_pod`` GPUs each (v1beta2, checked against the CRD)."""
+    workers asking for ``gpus_per_pod`` GPUs each, its pod template labelled as a
+    tideflow gang's (or not: someone else's job) (v1beta2, checked against the CRD)."""
+    labels = {"tideflow.io/gang": name} if gang else {"app": name}
     amount = {"nvidia.com/gpu": str(gpus_per_pod)} if gpus_per_pod else {"cpu": "4"}
     resources = {"limits": amount} if limits_only else {"requests": amount, "limits": amount}
     return {
@@ -187,11 +189,12 @@ def workload(
                     "name": "workers",
                     "count": pods,
                     "template": {
+                        "metadata": {"labels": labels},
                         "spec": {
                             "containers": [
                                 {"name": "trainer", "image": "trainer:1", "resources": resources}
                             ]
-                        }
+                        },
                     },
                 }
             ],
@@ -240,6 +243,7 @@ def test_kueues_preemptions_of_training_count_against_the_budget_once_each(
     old = fake.fake.create(workload("train-old", 1, 8))
     fake.fake.set_status(old, preempted(2))  # before the broker watched: not counted
     fake.fake.create(workload("prep", 3, 0))  # CPU only: not the broker's GPUs
+    other = fake.fake.create(workload("notebook", 1, 8, gang=False))  # no tideflow gang
     start = time.time() + 1.0  # the steps' clock: the workloads above came before it
     for index in range(144):  # a day of steps, training on 20 GPUs, nothing stopped
         rebalance_once(Flat(), actuator, CONFIG, journal, now_s=start + index * STEP)
@@ -247,6 +251,7 @@ def test_kueues_preemptions_of_training_count_against_the_budget_once_each(
     assert "lend bound x0.78" in rebalance_once(Flat(), actuator, CONFIG, journal, now)[0].reason
 
     fake.fake.set_status(a, preempted(1))
+    fake.fake.set_status(other, preempted(4))
     rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now + STEP)
     rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now + 2 * STEP)  # no rise: 0
     # admitted again and preempted twice more between two steps (the Evicted condition
@@ -272,7 +277,7 @@ def _record_rising_counts(path: str, rounds: int, offset: int, together: Any) ->
     journal = DecisionJournal(Path(path))
     for index in range(rounds):
         # each process sees the count at its own moment: some counts twice, some never
-        count = index + (index + offset) % 3
+        count = 3 * index + offset % 3
         together.wait()  # every process steps at once
         journal.record_preemptions(float(index), [PreemptionCount("w", count, 8, created_s=0.0)])
 
@@ -302,5 +307,23 @@ def test_concurrent_steps_count_each_preemption_once(tmp_path: Path, processes: 
         (highest, gpus) = db.execute(
             "SELECT MAX(count), SUM(gpus) FROM scheduler_preemptions WHERE uid = 'w'"
         ).fetchone()
-    assert highest == 59 + 2
+    assert highest == 3 * 59 + 2
     assert gpus == 8 * highest
+
+
+def test_a_role_without_workloads_skips_kueues_count_and_says_why(
+    cluster: tuple[Cluster, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker upgraded without re-applying its Role is refused the Workloads (403): the
+    step that already acted must not fail for it; the count is skipped and logged."""
+    from tests.kubefake import service_account
+
+    fake, _ = cluster
+    fake.fake.create(workload("train-a", 2, 8))
+    stranger = fake.fake.client(service_account(NS, "no-workloads"))
+    actuator = KubernetesActuator(stranger, ClusterTarget(namespace=NS, queue_kind="kueue"))
+    assert actuator.preemption_counts() is None
+    assert "cannot list Kueue Workloads in tideflow (403" in caplog.text
+    assert "re-apply deploy/kubernetes/broker-rbac.yaml" in caplog.text
+    volcano = KubernetesActuator(stranger, ClusterTarget(namespace=NS, queue_kind="volcano"))
+    assert volcano.preemption_counts() is None  # nothing watched there

@@ -286,6 +286,7 @@ def test_broker_rbac_is_least_privilege_and_covers_the_actuator() -> None:
         ("scheduling.volcano.sh", "queues", "patch"),
         ("kueue.x-k8s.io", "clusterqueues", "get"),
         ("kueue.x-k8s.io", "clusterqueues", "patch"),
+        ("kueue.x-k8s.io", "workloads", "list"),
     }
     assert needed <= grants(every), needed - grants(every)
     # Pods, evictions and scaling stay namespaced: never granted cluster-wide.

@@ -205,6 +205,7 @@ class DecisionJournal:
         with self._db() as db:
             # Read and write under one write lock: two steps at once (the DAG's and a
             # service's) must not both count the rise from the same journaled count.
+            # (The first INSERT below would take it too; this does not depend on order.)
             db.execute("BEGIN IMMEDIATE")
             db.execute(
                 "INSERT OR IGNORE INTO journal_meta VALUES ('preemptions_watched_since', ?)",

@@ -32,6 +32,7 @@ Role it needs is in ``deploy/kubernetes/broker-rbac.yaml``.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -61,6 +62,7 @@ from tideflow.kube.volcano import GANG_LABEL, TEAM_LABEL
 from tideflow.scheduling.model import DeviceClass
 from tideflow.scheduling.quota import Eviction, Key, Teams
 
+log = logging.getLogger(__name__)
 POOL_LABEL = "tideflow.io/pool"
 POOL = "training"  # the node label value of the broker's pool in a cluster file
 DEVICE_CLASSES: dict[str, DeviceClass] = {"nvidia.com/gpu": "gpu", "huawei.com/Ascend910": "npu"}
@@ -329,26 +331,47 @@ class KubernetesActuator:
         ``DecisionJournal.training_work``)."""
         return None
 
-    def preemption_counts(self) -> tuple[PreemptionCount, ...]:
-        """How often Kueue has preempted each training Workload of the namespace that asks
-        for the broker's GPUs: its ``status.schedulingStats.evictions`` entries of reason
-        ``Preempted`` (the reason Kueue evicts a preemptee with, in its preemption docs,
+    def preemption_counts(self) -> tuple[PreemptionCount, ...] | None:
+        """How often Kueue has preempted each training gang's Workload (pod sets labelled
+        ``tideflow.io/gang`` asking for the broker's GPUs), for any cause (between teams
+        or by priority within one, as the local ledger counts every stop): its
+        ``status.schedulingStats.evictions`` entries of reason ``Preempted`` (the
+        reason Kueue evicts a preemptee with, in its preemption docs,
         site/content/en/docs/concepts/preemption.md; the counter is in the Workload
         CRD's v1beta2 schema). A count, not the ``Evicted`` condition, because the
         condition turns back to False when the workload is admitted again, which can
-        happen between two of the broker's steps. Volcano keeps no such count (its
-        preemptions show only as pod events): () there."""
+        happen between two of the broker's steps. None where nothing is watched:
+        Volcano keeps no such count (its preemptions show only as pod events), and a
+        refused or failed read (a Role from before Workloads were listed) is logged
+        and skipped rather than failing the step that already acted."""
         if self.target.queue_kind != "kueue":
-            return ()
-        workloads = self.custom.list_namespaced_custom_object(
-            "kueue.x-k8s.io", self.target.kueue_version, self.target.namespace, "workloads"
-        )["items"]
+            return None
+        from kubernetes.client.rest import ApiException
+
+        try:
+            workloads = self.custom.list_namespaced_custom_object(
+                "kueue.x-k8s.io", self.target.kueue_version, self.target.namespace, "workloads"
+            )["items"]
+        except ApiException as exc:
+            log.warning(
+                "broker: cannot list Kueue Workloads in %s (%s %s): Kueue's preemptions "
+                "are not counted this step (re-apply deploy/kubernetes/broker-rbac.yaml)",
+                self.target.namespace,
+                exc.status,
+                exc.reason,
+            )
+            return None
         counts = []
         for workload in workloads:
-            gpus = sum(
-                int(pod_set.get("count", 1)) * self._template_gpus(pod_set.get("template", {}))
-                for pod_set in workload.get("spec", {}).get("podSets", [])
-            )
+            try:
+                gpus = self._gang_gpus(workload)
+            except ValueError:
+                log.warning(
+                    "broker: Workload %s asks for a GPU amount that is not a whole number: "
+                    "its preemptions are not counted",
+                    workload["metadata"].get("name"),
+                )
+                continue
             stats = (workload.get("status") or {}).get("schedulingStats") or {}
             count = sum(
                 int(e.get("count", 0))
@@ -360,6 +383,15 @@ class KubernetesActuator:
                 created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
                 counts.append(PreemptionCount(meta["uid"], count, gpus, created.timestamp()))
         return tuple(counts)
+
+    def _gang_gpus(self, workload: dict[str, Any]) -> int:
+        """The GPUs a Workload's gang pod sets ask for (0: no tideflow gang's)."""
+        return sum(
+            int(pod_set.get("count", 1)) * self._template_gpus(pod_set.get("template", {}))
+            for pod_set in workload.get("spec", {}).get("podSets", [])
+            if GANG_LABEL
+            in ((pod_set.get("template", {}).get("metadata") or {}).get("labels") or {})
+        )
 
     def _template_gpus(self, template: dict[str, Any]) -> int:
         """GPUs one pod of a pod template asks for (its requests, else its limits: an

@@ -166,9 +166,9 @@ class LocalActuator:
         used = sum(len(p.devices) for x in self._of_class() for p in x.placements)
         return self.total_gpus() - used
 
-    def preemption_counts(self) -> tuple[PreemptionCount, ...]:
-        """None to add: the ledger's usage record counts every stop already."""
-        return ()
+    def preemption_counts(self) -> tuple[PreemptionCount, ...] | None:
+        """None: the ledger's usage record counts every stop already."""
+        return None
 
     def training_work(self, since_s: float, until_s: float) -> TrainingWork:
         """Training's device-time on the class over [since_s, until_s] and the stops in it,

@@ -53,7 +53,8 @@ class Actuator(Protocol):
     def training_work(self, since_s: float, until_s: float) -> TrainingWork | None: ...
     # How often the cluster's own queue has preempted each training workload, for the
     # journal to count where the actuator keeps no record of training's work.
-    def preemption_counts(self) -> tuple[PreemptionCount, ...]: ...
+    # (None: the actuator does not watch them; the journal then records nothing.)
+    def preemption_counts(self) -> tuple[PreemptionCount, ...] | None: ...
 
 
 class TenantActuator(Actuator, Protocol):
@@ -632,5 +633,7 @@ def rebalance_once(
         ),
         stopped_gpus=stopped,
     )
-    journal.record_preemptions(now, actuator.preemption_counts())
+    counts = actuator.preemption_counts()
+    if counts is not None:
+        journal.record_preemptions(now, counts)
     return decision, applied
