@@ -195,13 +195,12 @@ class DecisionJournal:
             ).fetchone()
         return TrainingWork(trained, 0.0, stopped + int(by_queue))
 
-    def record_preemptions(self, at_s: float, counts: Iterable[PreemptionCount]) -> int:
+    def record_preemptions(self, at_s: float, counts: Iterable[PreemptionCount]) -> None:
         """Journal the preemptions the queue made since the last step: each workload's
         count over the highest count journaled for it, at ``at_s``. A workload seen for
         the first time counts from zero when it was created after the journal began
-        watching, else from its count now (what came before is not known to be recent).
-        The GPUs newly stopped."""
-        stopped = 0
+        watching, else from its count now (what came before is not known to be recent):
+        a row of no GPUs then marks where it starts."""
         with self._db() as db:
             # Read and write under one write lock: two steps at once (the DAG's and a
             # service's) must not both count the rise from the same journaled count.
@@ -218,23 +217,15 @@ class DecisionJournal:
                 (before,) = db.execute(
                     "SELECT MAX(count) FROM scheduler_preemptions WHERE uid = ?", (seen_now.uid,)
                 ).fetchone()
-                if before is None:
+                first = before is None
+                if first:
                     before = 0 if seen_now.created_s >= since else seen_now.count
-                    if before == seen_now.count:  # the baseline: nothing new
-                        db.execute(
-                            "INSERT OR IGNORE INTO scheduler_preemptions VALUES (?, ?, ?, 0)",
-                            (seen_now.uid, seen_now.count, at_s),
-                        )
-                        continue
-                if seen_now.count <= before:
+                elif seen_now.count <= before:
                     continue
-                gpus = seen_now.gpus * (seen_now.count - before)
-                inserted = db.execute(
+                db.execute(
                     "INSERT OR IGNORE INTO scheduler_preemptions VALUES (?, ?, ?, ?)",
-                    (seen_now.uid, seen_now.count, at_s, gpus),
-                ).rowcount
-                stopped += gpus if inserted else 0
-        return stopped
+                    (seen_now.uid, seen_now.count, at_s, seen_now.gpus * (seen_now.count - before)),
+                )
 
     def last(self) -> JournalEntry | None:
         with self._db() as db:
