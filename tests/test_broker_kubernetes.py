@@ -564,6 +564,29 @@ def test_observing_the_cluster_gives_pools_gangs_and_idle_gpus(
     assert actuator.idle_training_gpus() == 24 - 16 - 4
 
 
+def test_a_pod_holds_its_effective_request_init_containers_included(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """The scheduler reserves a pod's effective request for its whole life: the larger
+    of its containers' sum and its highest init container (Kubernetes: "Resource sharing
+    within containers"). A worker of 2 GPUs whose GPU check ran on 4 holds 4, so gpu-3,
+    with job-b's 4, has none idle; the old code summed the containers' requests (2)."""
+    fake, api = cluster
+    fake.start_gangs()
+    pod = gang_pod("job-c-0", "job-c", 2)
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "gpu-check",
+            "image": "registry.example.com/check:1",
+            "resources": {"requests": {GPU: "4"}, "limits": {GPU: "4"}},
+        }
+    ]
+    fake.fake.create(pod)
+    fake.fake.pods.run(NS, "job-c-0", node="gpu-3", started=STARTED)
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS))
+    assert actuator.idle_training_gpus() == 24 - 16 - 4 - 4
+
+
 def test_the_brokers_role_covers_every_call_it_makes(cluster: tuple[Cluster, Any]) -> None:
     """Every call above is made as the broker and allowed by deploy/'s RBAC; the grants it
     never uses are listed here, so a change to either shows."""

@@ -327,3 +327,66 @@ def test_a_role_without_workloads_skips_kueues_count_and_says_why(
     assert "re-apply deploy/kubernetes/broker-rbac.yaml" in caplog.text
     volcano = KubernetesActuator(stranger, ClusterTarget(namespace=NS, queue_kind="volcano"))
     assert volcano.preemption_counts() is None  # nothing watched there
+
+
+def test_a_preempted_gang_costs_the_gpus_its_pods_held_not_its_template_sum(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """A preemption stops the pods a Workload still runs, each holding its effective GPU
+    request. Workers that already succeeded are ``status.reclaimablePods`` (Kueue's JobSet
+    integration reports them: pkg/controller/jobs/jobset/jobset_controller.go,
+    ReclaimablePods) and hold nothing; an init container's GPUs are held only while it
+    runs, so a pod holds the larger of its init containers' and its containers' sum, and
+    a sidecar (an init container with ``restartPolicy: Always``) adds to both (the
+    Kubernetes pod's effective request, as the scheduler and Kueue count it). The old
+    code summed the containers of every pod: 32 and 16 GPUs here, not 8 and 20."""
+    fake, api = cluster
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS, queue_kind="kueue"))
+    finished = workload("train-finished", 4, 8)  # 4 workers, 3 of them done
+    created = fake.fake.create(finished)
+    fake.fake.set_status(
+        created,
+        {
+            **preempted(1),
+            "reclaimablePods": [{"name": "workers", "count": 3}],
+        },
+    )
+    gpu = {"nvidia.com/gpu": "2"}
+    init = workload("train-init", 2, 8)  # 2 workers of 8 GPUs, plus init containers
+    init["metadata"]["name"] = "train-init"
+    init["spec"]["podSets"][0]["template"]["spec"]["initContainers"] = [
+        {  # a sidecar that runs beside the trainer: 2 GPUs more for the whole pod
+            "name": "profiler",
+            "image": "profiler:1",
+            "restartPolicy": "Always",
+            "resources": {"requests": gpu, "limits": gpu},
+        },
+        {  # a GPU check before training, on 8 GPUs beside the sidecar: 8 + 2 too
+            "name": "gpu-check",
+            "image": "check:1",
+            "resources": {
+                "requests": {"nvidia.com/gpu": "8"},
+                "limits": {"nvidia.com/gpu": "8"},
+            },
+        },
+        {"name": "fetch", "image": "fetch:1"},  # no GPU
+    ]
+    fake.fake.set_status(fake.fake.create(init), preempted(1))
+    counts = {c.gpus for c in actuator.preemption_counts() or ()}
+    assert counts == {8, 2 * (8 + 2)}
+
+
+def test_an_init_container_asking_for_more_gpus_than_the_pod_runs_with_sets_its_request(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """A pod's effective request is the larger of its app containers' sum and its highest
+    init container (Kubernetes: "Resource sharing within containers"): one init
+    container on 8 GPUs before a 4-GPU trainer holds 8."""
+    fake, api = cluster
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS, queue_kind="kueue"))
+    body = workload("train-warm", 1, 4)
+    body["spec"]["podSets"][0]["template"]["spec"]["initContainers"] = [
+        {"name": "warm", "image": "warm:1", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+    ]
+    fake.fake.set_status(fake.fake.create(body), preempted(1))
+    assert [c.gpus for c in actuator.preemption_counts() or ()] == [8]

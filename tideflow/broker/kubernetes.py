@@ -270,11 +270,8 @@ class KubernetesActuator:
         return sum(self._gpus(n) for n in self.gpu_nodes() if self._pool(n) == "inference")
 
     def _pod_gpus(self, pod: Any) -> int:
-        total = 0
-        for container in pod.spec.containers or []:
-            requests = (container.resources and container.resources.requests) or {}
-            total += int(str(requests.get(self.target.gpu_resource, "0")))
-        return total
+        """GPUs a pod holds: the scheduler reserves its effective request for its life."""
+        return self._spec_gpus(self.core.api_client.sanitize_for_serialization(pod.spec))
 
     def _training_pods(self) -> list[Any]:
         training = {n.metadata.name for n in self.gpu_nodes() if self._pool(n) != "inference"}
@@ -385,25 +382,43 @@ class KubernetesActuator:
         return tuple(counts)
 
     def _gang_gpus(self, workload: dict[str, Any]) -> int:
-        """The GPUs a Workload's gang pod sets ask for (0: no tideflow gang's)."""
+        """The GPUs a Workload's gang pod sets hold (0: no tideflow gang's): each pod's
+        effective request, for the pods not yet finished (``status.reclaimablePods``, the
+        workers Kueue's JobSet integration reports succeeded; they hold nothing)."""
+        finished = {
+            entry.get("name"): int(entry.get("count", 0))
+            for entry in (workload.get("status") or {}).get("reclaimablePods") or []
+        }
         return sum(
-            int(pod_set.get("count", 1)) * self._template_gpus(pod_set.get("template", {}))
+            max(0, int(pod_set.get("count", 1)) - finished.get(pod_set.get("name"), 0))
+            * self._spec_gpus(pod_set.get("template", {}).get("spec", {}))
             for pod_set in workload.get("spec", {}).get("podSets", [])
             if GANG_LABEL
             in ((pod_set.get("template", {}).get("metadata") or {}).get("labels") or {})
         )
 
-    def _template_gpus(self, template: dict[str, Any]) -> int:
-        """GPUs one pod of a pod template asks for (its requests, else its limits: an
-        extended resource's request defaults to its limit)."""
-        total = 0
-        for container in template.get("spec", {}).get("containers", []):
-            resources = container.get("resources") or {}
-            amount = (resources.get("requests") or {}).get(self.target.gpu_resource)
-            if amount is None:
-                amount = (resources.get("limits") or {}).get(self.target.gpu_resource, "0")
-            total += int(str(amount))
-        return total
+    def _spec_gpus(self, spec: dict[str, Any]) -> int:
+        """GPUs a pod with this spec holds, by the Kubernetes rule for a pod's effective
+        request: its containers' sum plus its sidecars' (init containers with
+        ``restartPolicy: Always``, running beside them), or, if higher, the most any
+        other init container holds with the sidecars started before it."""
+        sidecars = init_peak = 0
+        for container in spec.get("initContainers") or []:
+            if container.get("restartPolicy") == "Always":
+                sidecars += self._container_gpus(container)
+            else:
+                init_peak = max(init_peak, sidecars + self._container_gpus(container))
+        app = sum(self._container_gpus(c) for c in spec.get("containers") or [])
+        return max(app + sidecars, init_peak)
+
+    def _container_gpus(self, container: dict[str, Any]) -> int:
+        """GPUs a container asks for (its requests, else its limits: an extended
+        resource's request defaults to its limit)."""
+        resources = container.get("resources") or {}
+        amount = (resources.get("requests") or {}).get(self.target.gpu_resource)
+        if amount is None:
+            amount = (resources.get("limits") or {}).get(self.target.gpu_resource, "0")
+        return int(str(amount))
 
     def gangs(self) -> tuple[GangView, ...]:
         """Gangs on the training pool, by their pods' ``tideflow.io/gang`` label.
