@@ -390,3 +390,34 @@ def test_an_init_container_asking_for_more_gpus_than_the_pod_runs_with_sets_its_
     ]
     fake.fake.set_status(fake.fake.create(body), preempted(1))
     assert [c.gpus for c in actuator.preemption_counts() or ()] == [8]
+
+
+def test_the_journal_forgets_workloads_gone_for_longer_than_it_keeps(tmp_path: Path) -> None:
+    """Every gang Workload leaves a row in the journal (where its count starts), so on a
+    busy cluster the table would grow with every job ever run. A workload gone from the
+    queue (deleted, finished) for longer than the journal keeps preemptions is
+    forgotten; one still listed keeps its highest count, so a rise is still counted once,
+    and one gone recently still counts in the budget's span."""
+    from tideflow.broker.journal import PreemptionCount
+
+    path = tmp_path / "broker.db"
+    journal = DecisionJournal(path)
+    day = 86400.0
+    journal.record_preemptions(0.0, [])  # watched from 0
+    for index in range(200):  # a day of jobs, each listed once and gone
+        journal.record_preemptions(
+            index * 400.0, [PreemptionCount(f"job-{index}", 1, 8, created_s=index * 400.0)]
+        )
+    journal.record_preemptions(10.0, [PreemptionCount("long", 2, 8, created_s=5.0)])
+    recent = PreemptionCount("recent", 1, 4, created_s=39 * day)
+    journal.record_preemptions(39 * day, [recent, PreemptionCount("long", 2, 8, 5.0)])
+    # forty days on: the day of jobs is long gone; "recent" went yesterday
+    journal.record_preemptions(40 * day, [PreemptionCount("long", 3, 8, created_s=5.0)])
+    with sqlite3.connect(path) as db:
+        uids = {uid for (uid,) in db.execute("SELECT uid FROM scheduler_preemptions")}
+    assert uids == {"long", "recent"}
+    with sqlite3.connect(path) as db:
+        (gpus,) = db.execute(
+            "SELECT SUM(gpus) FROM scheduler_preemptions WHERE at_s >= ?", (39 * day,)
+        ).fetchone()
+    assert gpus == 4 + 8  # "recent" once, "long" risen from 2 to 3 once

@@ -16,6 +16,10 @@ from tideflow.broker.calibrate import TrainingWork
 from tideflow.broker.policy import Decision
 from tideflow.storage.sqlite_columns import add_missing_columns
 
+# How long the journal remembers a workload the queue no longer lists: well past the
+# lost-work budget's span (a week), so every preemption the budget weighs is kept.
+PREEMPTIONS_KEPT_S = 30 * 86400.0
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
     at_s REAL NOT NULL,
@@ -195,12 +199,20 @@ class DecisionJournal:
             ).fetchone()
         return TrainingWork(trained, 0.0, stopped + int(by_queue))
 
-    def record_preemptions(self, at_s: float, counts: Iterable[PreemptionCount]) -> None:
+    def record_preemptions(
+        self,
+        at_s: float,
+        counts: Iterable[PreemptionCount],
+        keep_s: float = PREEMPTIONS_KEPT_S,
+    ) -> None:
         """Journal the preemptions the queue made since the last step: each workload's
         count over the highest count journaled for it, at ``at_s``. A workload seen for
         the first time counts from zero when it was created after the journal began
         watching, else from its count now (what came before is not known to be recent):
-        a row of no GPUs then marks where it starts."""
+        a row of no GPUs then marks where it starts. ``counts`` lists every workload the
+        queue holds: one it no longer lists, with no row for ``keep_s``, is forgotten
+        (its uid is never reused, and the budget never weighs rows that old)."""
+        counts = list(counts)
         with self._db() as db:
             # Read and write under one write lock: two steps at once (the DAG's and a
             # service's) must not both count the rise from the same journaled count.
@@ -226,6 +238,16 @@ class DecisionJournal:
                     "INSERT OR IGNORE INTO scheduler_preemptions VALUES (?, ?, ?, ?)",
                     (seen_now.uid, seen_now.count, at_s, seen_now.gpus * (seen_now.count - before)),
                 )
+            listed = {seen_now.uid for seen_now in counts}
+            gone = [
+                (uid,)
+                for (uid,) in db.execute(
+                    "SELECT uid FROM scheduler_preemptions GROUP BY uid HAVING MAX(at_s) < ?",
+                    (at_s - keep_s,),
+                )
+                if uid not in listed
+            ]
+            db.executemany("DELETE FROM scheduler_preemptions WHERE uid = ?", gone)
 
     def last(self) -> JournalEntry | None:
         with self._db() as db:
