@@ -568,23 +568,32 @@ def test_a_pod_holds_its_effective_request_init_containers_included(
     cluster: tuple[Cluster, Any],
 ) -> None:
     """The scheduler reserves a pod's effective request for its whole life: the larger
-    of its containers' sum and its highest init container (Kubernetes: "Resource sharing
-    within containers"). A worker of 2 GPUs whose GPU check ran on 4 holds 4, so gpu-3,
-    with job-b's 4, has none idle; the old code summed the containers' requests (2)."""
+    of its containers' sum and its highest init container, a sidecar (an init container
+    with ``restartPolicy: Always``) adding to both (Kubernetes: "Resource sharing within
+    containers"). A 1-GPU worker with a 1-GPU profiler beside it, whose GPU check ran on
+    2 beside the profiler, holds 3: gpu-3, with job-b's 4, has 1 idle. The old code
+    summed the containers' requests (1); a sidecar read as a plain init container
+    would give 2."""
     fake, api = cluster
     fake.start_gangs()
-    pod = gang_pod("job-c-0", "job-c", 2)
+    pod = gang_pod("job-c-0", "job-c", 1)
     pod["spec"]["initContainers"] = [
+        {
+            "name": "profiler",
+            "image": "registry.example.com/profiler:1",
+            "restartPolicy": "Always",
+            "resources": {"requests": {GPU: "1"}, "limits": {GPU: "1"}},
+        },
         {
             "name": "gpu-check",
             "image": "registry.example.com/check:1",
-            "resources": {"requests": {GPU: "4"}, "limits": {GPU: "4"}},
-        }
+            "resources": {"requests": {GPU: "2"}, "limits": {GPU: "2"}},
+        },
     ]
     fake.fake.create(pod)
     fake.fake.pods.run(NS, "job-c-0", node="gpu-3", started=STARTED)
     actuator = KubernetesActuator(api, ClusterTarget(namespace=NS))
-    assert actuator.idle_training_gpus() == 24 - 16 - 4 - 4
+    assert actuator.idle_training_gpus() == 24 - 16 - 4 - 3
 
 
 def test_the_brokers_role_covers_every_call_it_makes(cluster: tuple[Cluster, Any]) -> None:

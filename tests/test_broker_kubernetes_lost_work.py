@@ -333,47 +333,48 @@ def test_a_preempted_gang_costs_the_gpus_its_pods_held_not_its_template_sum(
     cluster: tuple[Cluster, Any],
 ) -> None:
     """A preemption stops the pods a Workload still runs, each holding its effective GPU
-    request. Workers that already succeeded are ``status.reclaimablePods`` (Kueue's JobSet
-    integration reports them: pkg/controller/jobs/jobset/jobset_controller.go,
-    ReclaimablePods) and hold nothing; an init container's GPUs are held only while it
-    runs, so a pod holds the larger of its init containers' and its containers' sum, and
-    a sidecar (an init container with ``restartPolicy: Always``) adds to both (the
-    Kubernetes pod's effective request, as the scheduler and Kueue count it). The old
-    code summed the containers of every pod: 32 and 16 GPUs here, not 8 and 20."""
+    request. Workers that already finished are ``status.reclaimablePods`` (per pod set, a
+    count of pods, as Kueue's integrations report them: for a JobSet,
+    pkg/controller/jobs/jobset/jobset_controller.go, ReclaimablePods) and hold nothing.
+    An init container's GPUs are held only while it runs, so a pod holds the larger of
+    its highest init container and its containers' sum, and a sidecar (an init
+    container with ``restartPolicy: Always``) adds to both: to the containers it runs
+    beside and to the init containers declared after it (the Kubernetes pod's effective
+    request, as the scheduler and Kueue count it). The old code summed the containers
+    of every pod: 32, 8 and 8 GPUs here, not 8, 20 and 10."""
     fake, api = cluster
     actuator = KubernetesActuator(api, ClusterTarget(namespace=NS, queue_kind="kueue"))
-    finished = workload("train-finished", 4, 8)  # 4 workers, 3 of them done
-    created = fake.fake.create(finished)
+    finished = fake.fake.create(workload("train-finished", 4, 8))  # 4 workers, 3 done
     fake.fake.set_status(
-        created,
-        {
-            **preempted(1),
-            "reclaimablePods": [{"name": "workers", "count": 3}],
-        },
+        finished, {**preempted(1), "reclaimablePods": [{"name": "workers", "count": 3}]}
     )
-    gpu = {"nvidia.com/gpu": "2"}
-    init = workload("train-init", 2, 8)  # 2 workers of 8 GPUs, plus init containers
-    init["metadata"]["name"] = "train-init"
-    init["spec"]["podSets"][0]["template"]["spec"]["initContainers"] = [
-        {  # a sidecar that runs beside the trainer: 2 GPUs more for the whole pod
-            "name": "profiler",
-            "image": "profiler:1",
-            "restartPolicy": "Always",
-            "resources": {"requests": gpu, "limits": gpu},
-        },
-        {  # a GPU check before training, on 8 GPUs beside the sidecar: 8 + 2 too
-            "name": "gpu-check",
-            "image": "check:1",
-            "resources": {
-                "requests": {"nvidia.com/gpu": "8"},
-                "limits": {"nvidia.com/gpu": "8"},
+
+    def gpus(amount: int) -> dict[str, Any]:
+        return {
+            "requests": {"nvidia.com/gpu": str(amount)},
+            "limits": {"nvidia.com/gpu": str(amount)},
+        }
+
+    def with_init(name: str, pods: int, trainer: int, sidecar: int, check: int) -> None:
+        body = workload(name, pods, trainer)
+        body["spec"]["podSets"][0]["template"]["spec"]["initContainers"] = [
+            # a profiler beside the trainer for the pod's whole life
+            {
+                "name": "profiler",
+                "image": "p:1",
+                "restartPolicy": "Always",
+                "resources": gpus(sidecar),
             },
-        },
-        {"name": "fetch", "image": "fetch:1"},  # no GPU
-    ]
-    fake.fake.set_status(fake.fake.create(init), preempted(1))
-    counts = {c.gpus for c in actuator.preemption_counts() or ()}
-    assert counts == {8, 2 * (8 + 2)}
+            # a GPU check before training, beside the profiler
+            {"name": "gpu-check", "image": "c:1", "resources": gpus(check)},
+            {"name": "fetch", "image": "f:1"},  # no GPU
+        ]
+        fake.fake.set_status(fake.fake.create(body), preempted(1))
+
+    with_init("train-check", 2, trainer=4, sidecar=2, check=8)  # the check's 8 + 2 wins
+    with_init("train-sidecar", 1, trainer=8, sidecar=2, check=4)  # the trainer's 8 + 2 wins
+    by_gpus = sorted(c.gpus for c in actuator.preemption_counts() or ())
+    assert by_gpus == [8, 10, 2 * 10]
 
 
 def test_an_init_container_asking_for_more_gpus_than_the_pod_runs_with_sets_its_request(
@@ -404,18 +405,22 @@ def test_the_journal_forgets_workloads_gone_for_longer_than_it_keeps(tmp_path: P
     journal = DecisionJournal(path)
     day = 86400.0
     journal.record_preemptions(0.0, [])  # watched from 0
+    long, rerun = PreemptionCount("long", 2, 8, 5.0), PreemptionCount("rerun", 0, 8, 0.0)
+    journal.record_preemptions(0.0, [rerun])  # a long run, first seen on day 0
     for index in range(200):  # a day of jobs, each listed once and gone
-        journal.record_preemptions(
-            index * 400.0, [PreemptionCount(f"job-{index}", 1, 8, created_s=index * 400.0)]
-        )
-    journal.record_preemptions(10.0, [PreemptionCount("long", 2, 8, created_s=5.0)])
+        job = PreemptionCount(f"job-{index}", 1, 8, created_s=index * 400.0)
+        journal.record_preemptions(index * 400.0, [job, rerun])
+    journal.record_preemptions(80000.0, [long, rerun])
+    # "rerun" preempted once more on day 35, and gone after it
+    journal.record_preemptions(35 * day, [long, PreemptionCount("rerun", 1, 8, 0.0)])
     recent = PreemptionCount("recent", 1, 4, created_s=39 * day)
-    journal.record_preemptions(39 * day, [recent, PreemptionCount("long", 2, 8, 5.0)])
-    # forty days on: the day of jobs is long gone; "recent" went yesterday
+    journal.record_preemptions(39 * day, [recent, long])
+    # forty days on: the day of jobs is long gone (forgotten on day 35 already); "recent"
+    # went yesterday; "rerun" went five days ago, its first row forty days ago
     journal.record_preemptions(40 * day, [PreemptionCount("long", 3, 8, created_s=5.0)])
     with sqlite3.connect(path) as db:
         uids = {uid for (uid,) in db.execute("SELECT uid FROM scheduler_preemptions")}
-    assert uids == {"long", "recent"}
+    assert uids == {"long", "recent", "rerun"}
     with sqlite3.connect(path) as db:
         (gpus,) = db.execute(
             "SELECT SUM(gpus) FROM scheduler_preemptions WHERE at_s >= ?", (39 * day,)

@@ -62,7 +62,7 @@ class PreemptionCount:
 
     uid: str
     count: int
-    gpus: int  # the GPUs its pods request: what one preemption stops
+    gpus: int  # the GPUs its unfinished pods hold (effective requests): what one stops
     created_s: float
 
 
@@ -209,7 +209,7 @@ class DecisionJournal:
         count over the highest count journaled for it, at ``at_s``. A workload seen for
         the first time counts from zero when it was created after the journal began
         watching, else from its count now (what came before is not known to be recent):
-        a row of no GPUs then marks where it starts. ``counts`` lists every workload the
+        a row of no GPUs then marks where it starts. ``counts`` lists every training workload the
         queue holds: one it no longer lists, with no row for ``keep_s``, is forgotten
         (its uid is never reused, and the budget never weighs rows that old)."""
         counts = list(counts)

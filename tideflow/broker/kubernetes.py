@@ -271,7 +271,13 @@ class KubernetesActuator:
 
     def _pod_gpus(self, pod: Any) -> int:
         """GPUs a pod holds: the scheduler reserves its effective request for its life."""
-        return self._spec_gpus(self.core.api_client.sanitize_for_serialization(pod.spec))
+        serialize = self.core.api_client.sanitize_for_serialization
+        return self._spec_gpus(
+            {
+                "containers": serialize(pod.spec.containers or []),
+                "initContainers": serialize(pod.spec.init_containers or []),
+            }
+        )
 
     def _training_pods(self) -> list[Any]:
         training = {n.metadata.name for n in self.gpu_nodes() if self._pool(n) != "inference"}
@@ -375,16 +381,31 @@ class KubernetesActuator:
                 for e in stats.get("evictions", [])
                 if e.get("reason") == KUEUE_PREEMPTED
             )
-            if gpus:
+            if self._gang_pod_sets(workload):
+                # Listed even with no GPUs held (all its workers finished): the journal
+                # forgets only the workloads the queue no longer holds.
                 meta = workload["metadata"]
                 created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
                 counts.append(PreemptionCount(meta["uid"], count, gpus, created.timestamp()))
         return tuple(counts)
 
+    @staticmethod
+    def _gang_pod_sets(workload: dict[str, Any]) -> list[dict[str, Any]]:
+        """A Workload's pod sets whose pod template is labelled as a tideflow gang's."""
+        return [
+            pod_set
+            for pod_set in workload.get("spec", {}).get("podSets", [])
+            if GANG_LABEL
+            in ((pod_set.get("template", {}).get("metadata") or {}).get("labels") or {})
+        ]
+
     def _gang_gpus(self, workload: dict[str, Any]) -> int:
         """The GPUs a Workload's gang pod sets hold (0: no tideflow gang's): each pod's
-        effective request, for the pods not yet finished (``status.reclaimablePods``, the
-        workers Kueue's JobSet integration reports succeeded; they hold nothing)."""
+        effective request, for the pods not yet finished. Those that finished are
+        ``status.reclaimablePods`` (per pod set, a count of pods) and hold nothing; for
+        tideflow's JobSets, one replicated Job of all the workers, Kueue's JobSet
+        integration reports all or none of them (its ReclaimablePods counts succeeded
+        replicated Jobs), other integrations part of a pod set."""
         finished = {
             entry.get("name"): int(entry.get("count", 0))
             for entry in (workload.get("status") or {}).get("reclaimablePods") or []
@@ -392,9 +413,7 @@ class KubernetesActuator:
         return sum(
             max(0, int(pod_set.get("count", 1)) - finished.get(pod_set.get("name"), 0))
             * self._spec_gpus(pod_set.get("template", {}).get("spec", {}))
-            for pod_set in workload.get("spec", {}).get("podSets", [])
-            if GANG_LABEL
-            in ((pod_set.get("template", {}).get("metadata") or {}).get("labels") or {})
+            for pod_set in self._gang_pod_sets(workload)
         )
 
     def _spec_gpus(self, spec: dict[str, Any]) -> int:
