@@ -209,9 +209,9 @@ class DecisionJournal:
         count over the highest count journaled for it, at ``at_s``. A workload seen for
         the first time counts from zero when it was created after the journal began
         watching, else from its count now (what came before is not known to be recent):
-        a row of no GPUs then marks where it starts. ``counts`` lists every training workload the
-        queue holds: one it no longer lists, with no row for ``keep_s``, is forgotten
-        (its uid is never reused, and the budget never weighs rows that old)."""
+        a row of no GPUs then marks where it starts. ``counts`` lists every training
+        workload the queue holds: one it no longer lists, with no row for ``keep_s``, is
+        forgotten (its uid is never reused, and the budget never weighs rows that old)."""
         counts = list(counts)
         with self._db() as db:
             # Read and write under one write lock: two steps at once (the DAG's and a
