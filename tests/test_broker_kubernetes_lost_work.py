@@ -341,12 +341,18 @@ def test_a_preempted_gang_costs_the_gpus_its_pods_held_not_its_template_sum(
     container with ``restartPolicy: Always``) adds to both: to the containers it runs
     beside and to the init containers declared after it (the Kubernetes pod's effective
     request, as the scheduler and Kueue count it). The old code summed the containers
-    of every pod: 32, 8 and 8 GPUs here, not 8, 20 and 10."""
+    of every pod: 32, 16, 8 and 8 GPUs here, not 8, 0, 20 and 10."""
     fake, api = cluster
     actuator = KubernetesActuator(api, ClusterTarget(namespace=NS, queue_kind="kueue"))
     finished = fake.fake.create(workload("train-finished", 4, 8))  # 4 workers, 3 done
     fake.fake.set_status(
         finished, {**preempted(1), "reclaimablePods": [{"name": "workers", "count": 3}]}
+    )
+    # every worker done: it holds nothing, yet Kueue still holds the Workload, so it is
+    # listed (the journal forgets only what the queue no longer lists)
+    done = fake.fake.create(workload("train-done", 2, 8))
+    fake.fake.set_status(
+        done, {**preempted(1), "reclaimablePods": [{"name": "workers", "count": 2}]}
     )
 
     def gpus(amount: int) -> dict[str, Any]:
@@ -374,7 +380,7 @@ def test_a_preempted_gang_costs_the_gpus_its_pods_held_not_its_template_sum(
     with_init("train-check", 2, trainer=4, sidecar=2, check=8)  # the check's 8 + 2 wins
     with_init("train-sidecar", 1, trainer=8, sidecar=2, check=4)  # the trainer's 8 + 2 wins
     by_gpus = sorted(c.gpus for c in actuator.preemption_counts() or ())
-    assert by_gpus == [8, 10, 2 * 10]
+    assert by_gpus == [0, 8, 10, 2 * 10]
 
 
 def test_an_init_container_asking_for_more_gpus_than_the_pod_runs_with_sets_its_request(
