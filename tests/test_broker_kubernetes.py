@@ -29,6 +29,8 @@ from tideflow.broker.kubernetes import (
     TrainingQueueRefusedError,
 )
 from tideflow.checkpoint import CheckpointManager
+from tideflow.kube import KubeSettings
+from tideflow.kube.volcano import GangShape, gang_volcano_job
 
 NS = "tideflow"
 BROKER = service_account(NS, "tideflow-broker")
@@ -601,7 +603,24 @@ def test_the_brokers_role_covers_every_call_it_makes(cluster: tuple[Cluster, Any
     never uses are listed here, so a change to either shows."""
     fake, api = cluster
     fake.start_gangs()
+    # a Volcano Job of gang job-a's: the broker counts its stop on it
+    # (tideflow.broker.volcano_stops) and reads the count back
+    shape = GangShape(
+        name="job-a-vc",
+        labels={},
+        command=["python", "-m", "train"],
+        env={},
+        workers=1,
+        device_class="gpu",
+        devices_per_worker=1,
+        model="H100",
+        team="vision",
+        priority=0,
+        max_restarts=1,
+    )
+    fake.fake.seed(gang_volcano_job(shape, "job-a", KubeSettings(namespace=NS)))
     volcano = ClusterTarget(namespace=NS, queue_kind="volcano")
+    KubernetesActuator(api, volcano).preemption_counts()
     KubernetesActuator(
         api, volcano, grace_s=30, retry_s=0.01, sleep=lambda _s: fake.allow_disruptions(2)
     ).apply(grow_to(16, "job-a"))

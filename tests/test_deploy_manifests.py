@@ -395,9 +395,13 @@ def test_argo_workflow_pods_mount_no_token_and_its_executor_may_do_only_what_arg
 BROKER = "system:serviceaccount:tideflow:tideflow-broker"
 
 
+def named(kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in by_kind(kind) if o["metadata"]["name"] == name]
+    return found
+
+
 def node_policy() -> dict[str, Any]:
-    (policy,) = by_kind("ValidatingAdmissionPolicy")
-    return policy
+    return named("ValidatingAdmissionPolicy", "tideflow-broker-nodes")
 
 
 def gpu_node() -> dict[str, Any]:
@@ -455,7 +459,7 @@ def test_a_validating_admission_policy_limits_the_brokers_node_patches() -> None
     admissionregistration.k8s.io/v1) refuses every change but the pool label and taint.
     """
     policy = node_policy()
-    (binding,) = by_kind("ValidatingAdmissionPolicyBinding")
+    binding = named("ValidatingAdmissionPolicyBinding", "tideflow-broker-nodes")
     assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]

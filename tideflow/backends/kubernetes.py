@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
+from tideflow.kube import volcano_lineage
 from tideflow.kube.jobset import gang_jobset
 from tideflow.kube.names import dns_label, gang_object_name
 from tideflow.kube.volcano import RESTARTS_USED, GangShape, KubeSettings, gang_volcano_job
@@ -161,8 +162,14 @@ class KubernetesBackend:
     def job_name(self, gang_id: str) -> str:
         return gang_object_name(gang_id, self.settings.gang_scheduler)
 
-    def manifest(self, job: GangJob, *, restarts_used: int = 0) -> dict[str, Any]:
+    def manifest(
+        self, job: GangJob, *, restarts_used: int = 0, carried: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """``carried``: annotations a replaced Volcano Job hands on (its gang's stops,
+        ``tideflow.kube.volcano_lineage``)."""
         built = gang_object(job, self.settings, restarts_used=restarts_used)
+        if carried:
+            built["metadata"].setdefault("annotations", {}).update(carried)
         if self.owner is not None:
             owner = self.api_client.sanitize_for_serialization(self.owner)
             built["metadata"]["ownerReferences"] = [owner]
@@ -192,7 +199,7 @@ class KubernetesBackend:
         from kubernetes.client.rest import ApiException
 
         existing = self._get(job.gang_id)
-        used = 0
+        used, carried = 0, None
         if existing is not None:
             status = self._status(job.gang_id, existing)
             if status.state in KEPT:  # a retried task reattaches; never a second gang
@@ -200,10 +207,14 @@ class KubernetesBackend:
             # Preempted: it resumes with the restarts it has left. Failed or cancelled:
             # this is a new attempt (an Airflow or Argo retry), with all of them.
             used = restarts_used(existing) if status.state is GangState.PREEMPTED else 0
+            if self.settings.gang_scheduler == "volcano":
+                # Either way the gang's stops so far go on (the broker's lost-work budget
+                # counts them per gang, not per Job).
+                carried = volcano_lineage.carried(existing)
             self._delete_and_wait(existing)
         try:
             created = self.custom.create_namespaced_custom_object(
-                *self._where(), self.manifest(job, restarts_used=used)
+                *self._where(), self.manifest(job, restarts_used=used, carried=carried)
             )
         except ApiException as exc:
             if exc.status != 409:  # 409: created meanwhile by another attempt

@@ -54,9 +54,11 @@ from tideflow.broker.tenant import (
     grow,
     lendable,
 )
+from tideflow.broker.volcano_stops import VolcanoStops
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
 from tideflow.checkpoint.recency import work_at_risk_since
 from tideflow.inventory import ClusterSpec, load_cluster
+from tideflow.kube.client import MERGE
 from tideflow.kube.names import dns_label
 from tideflow.kube.volcano import GANG_LABEL, TEAM_LABEL
 from tideflow.scheduling.model import DeviceClass
@@ -68,9 +70,6 @@ POOL = "training"  # the node label value of the broker's pool in a cluster file
 DEVICE_CLASSES: dict[str, DeviceClass] = {"nvidia.com/gpu": "gpu", "huawei.com/Ascend910": "npu"}
 TAINT_KEY = "tideflow.io/pool"
 KUEUE_PREEMPTED = "Preempted"  # the eviction reason of a Workload Kueue preempted
-# The client would send a dict body as a JSON *Patch* (its first content type),
-# which the API server rejects; every patch here is a JSON merge patch.
-MERGE = "application/merge-patch+json"
 
 
 @dataclass(frozen=True)
@@ -224,6 +223,12 @@ class KubernetesActuator:
         self.clock = clock
         self.sleep = sleep
         self.device_class = DEVICE_CLASSES.get(target.gpu_resource, "gpu")
+        # Volcano's gangs carry their stops on their Jobs (tideflow.kube.volcano_lineage)
+        self.volcano = (
+            VolcanoStops(self.custom, target.namespace, self._spec_gpus)
+            if target.queue_kind == "volcano"
+            else None
+        )
         self.teams: Teams | None = None  # set when the broker is inference's tenant
         self.model: str | None = None  # the pool's device model in the cluster file
         if target.cluster_file:
@@ -335,18 +340,26 @@ class KubernetesActuator:
         return None
 
     def preemption_counts(self) -> tuple[PreemptionCount, ...] | None:
+        """How often the cluster's gang scheduler has stopped each training gang, for
+        any cause but the broker (between teams, by priority within one, a drain), as
+        the local ledger counts every stop. Kueue: each gang Workload's count
+        (``_kueue_preemption_counts``). Volcano keeps no count; tideflow's Jobs carry
+        one from each gang's Job to the next (``tideflow.broker.volcano_stops``). None
+        where nothing can be read (a Role from before these were listed): logged and
+        skipped rather than failing the step that already acted."""
+        if self.volcano is not None:
+            return self.volcano.counts()
+        return self._kueue_preemption_counts()
+
+    def _kueue_preemption_counts(self) -> tuple[PreemptionCount, ...] | None:
         """How often Kueue has preempted each training gang's Workload (pod sets labelled
-        ``tideflow.io/gang`` asking for the broker's GPUs), for any cause (between teams
-        or by priority within one, as the local ledger counts every stop): its
+        ``tideflow.io/gang`` asking for the broker's GPUs): its
         ``status.schedulingStats.evictions`` entries of reason ``Preempted`` (the
         reason Kueue evicts a preemptee with, in its preemption docs,
         site/content/en/docs/concepts/preemption.md; the counter is in the Workload
         CRD's v1beta2 schema). A count, not the ``Evicted`` condition, because the
         condition turns back to False when the workload is admitted again, which can
-        happen between two of the broker's steps. None where nothing is watched:
-        Volcano keeps no such count (its preemptions show only as pod events), and a
-        refused or failed read (a Role from before Workloads were listed) is logged
-        and skipped rather than failing the step that already acted."""
+        happen between two of the broker's steps."""
         if self.target.queue_kind != "kueue":
             return None
         from kubernetes.client.rest import ApiException
@@ -593,6 +606,9 @@ class KubernetesActuator:
         options = (
             None if grace_s is None else client.V1DeleteOptions(grace_period_seconds=int(grace_s))
         )
+        # Count the stop on the gang's Volcano Job before the eviction can abort it (the
+        # Job that replaces it copies the count then), and take it back if none went.
+        noted = bool(pods) and self.volcano is not None and self.volcano.note(gang_id, +1)
         done = Evictions()
         for pod in pods:
             name = pod.metadata.name
@@ -616,6 +632,8 @@ class KubernetesActuator:
                             break
                         raise
                     self.sleep(self.retry_s)  # a PDB refuses for now: try again
+        if noted and not done.evicted and self.volcano is not None:
+            self.volcano.note(gang_id, -1)
         return done
 
     # -- inference as a team of the cluster file ------------------------------------------

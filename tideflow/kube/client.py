@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# The client would send a dict body as a JSON *Patch* (its first content type), which
+# the API server rejects; tideflow's patches are JSON merge patches.
+MERGE = "application/merge-patch+json"
+
 
 def connect(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """In-cluster credentials (a pod's ServiceAccount) when there are any, else kubeconfig.

