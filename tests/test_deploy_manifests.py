@@ -395,11 +395,6 @@ def test_argo_workflow_pods_mount_no_token_and_its_executor_may_do_only_what_arg
 BROKER = "system:serviceaccount:tideflow:tideflow-broker"
 
 
-def named(kind: str, name: str) -> dict[str, Any]:
-    (found,) = [o for o in by_kind(kind) if o["metadata"]["name"] == name]
-    return found
-
-
 def node_policy() -> dict[str, Any]:
     return named("ValidatingAdmissionPolicy", "tideflow-broker-nodes")
 
