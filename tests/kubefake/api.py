@@ -5,7 +5,8 @@ get and delete answer 404 for a missing object; an update or patch that carries 
 resourceVersion other than the stored one is a 409 Conflict; the main resource
 never changes ``status`` (the status subresource does, for controllers); a
 namespaced create takes its namespace from the URL and refuses a body naming
-another. Delete honours ``propagationPolicy``: Background and Foreground delete
+another. Delete honours its preconditions (uid, resourceVersion: 409 Conflict
+when either differs) and ``propagationPolicy``: Background and Foreground delete
 the object's dependents (by ownerReferences) with it, Orphan leaves them and
 drops their owner reference (the garbage collector's work, done at once).
 """
@@ -200,6 +201,22 @@ class Api:
 
     def _delete(self, info: RequestInfo, _user: str, _ct: str, body: Any) -> tuple[int, Any]:
         found = self.current(info)
+        # DeleteOptions.preconditions: a uid or resourceVersion other than the stored
+        # one is a 409 Conflict (the registry's checkPreconditions)
+        preconditions = (body or {}).get("preconditions") or {}
+        for field, held in (
+            ("uid", found["metadata"]["uid"]),
+            ("resourceVersion", found["metadata"]["resourceVersion"]),
+        ):
+            wanted = preconditions.get(field)
+            if wanted and wanted != held:
+                raise conflict(
+                    info.resource.plural,
+                    info.resource.group,
+                    info.name,
+                    f"Precondition failed: {field} in precondition: {wanted}, "
+                    f"{field} in object meta: {held}",
+                )
         policy = info.query.get("propagationPolicy") or (body or {}).get("propagationPolicy")
         self.delete(info.resource, found, policy or "Background")
         if policy == "Foreground":

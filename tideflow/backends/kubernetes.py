@@ -51,6 +51,8 @@ KEPT = (GangState.PENDING, GangState.RUNNING, GangState.SUCCEEDED)
 # How long ``submit`` waits for a replaced Job's foreground deletion (its pods have
 # already stopped, so only the garbage collector's removal of them is left).
 REPLACE_WAIT_S = 120.0
+# Deletes of a replaced object that found it changed since it was read (409), read again.
+DELETE_ATTEMPTS = 5
 
 
 def restarts_used(obj: dict[str, Any]) -> int:
@@ -207,11 +209,11 @@ class KubernetesBackend:
             # Preempted: it resumes with the restarts it has left. Failed or cancelled:
             # this is a new attempt (an Airflow or Argo retry), with all of them.
             used = restarts_used(existing) if status.state is GangState.PREEMPTED else 0
+            deleted = self._delete_and_wait(existing)
             if self.settings.gang_scheduler == "volcano":
                 # Either way the gang's stops so far go on (the broker's lost-work budget
-                # counts them per gang, not per Job).
-                carried = volcano_lineage.carried(existing)
-            self._delete_and_wait(existing)
+                # counts them per gang, not per Job), as the deleted version had them.
+                carried = volcano_lineage.carried(deleted)
         try:
             created = self.custom.create_namespaced_custom_object(
                 *self._where(), self.manifest(job, restarts_used=used, carried=carried)
@@ -222,31 +224,48 @@ class KubernetesBackend:
             created = self._get(job.gang_id) or {}
         return self._status(job.gang_id, created)
 
-    def _delete_and_wait(self, obj: dict[str, Any]) -> None:
-        """Delete a preempted gang's object (only that one: by uid) and wait until it is gone."""
+    def _delete_and_wait(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Delete a preempted gang's object (only that one: by uid) and wait until it is
+        gone; the version deleted. The delete names the version read too, so a change
+        made since (the broker taking back its stop mark) is read again before the
+        count it carries is copied."""
         import time
 
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
         meta = obj["metadata"]
-        try:
-            self.custom.delete_namespaced_custom_object(
-                *self._where(),
-                meta["name"],
-                body=client.V1DeleteOptions(
-                    propagation_policy="Foreground",
-                    preconditions=client.V1Preconditions(uid=meta["uid"]),
-                ),
+        for _ in range(DELETE_ATTEMPTS):
+            try:
+                self.custom.delete_namespaced_custom_object(
+                    *self._where(),
+                    meta["name"],
+                    body=client.V1DeleteOptions(
+                        propagation_policy="Foreground",
+                        preconditions=client.V1Preconditions(
+                            uid=meta["uid"], resource_version=meta.get("resourceVersion")
+                        ),
+                    ),
+                )
+                break
+            except ApiException as exc:
+                if exc.status == 404:  # gone
+                    return obj
+                if exc.status != 409:
+                    raise
+                current = self._get_by_name(meta["name"])
+                if current is None or current["metadata"]["uid"] != meta["uid"]:
+                    return obj  # replaced by another attempt
+                obj, meta = current, current["metadata"]  # changed: delete what it is now
+        else:
+            raise RuntimeError(
+                f"gang object {meta['name']} kept changing while it was being replaced"
             )
-        except ApiException as exc:
-            if exc.status not in (404, 409):  # gone, or replaced by another attempt
-                raise
         deadline = time.monotonic() + REPLACE_WAIT_S
         while time.monotonic() < deadline:
             current = self._get_by_name(meta["name"])
             if current is None or current["metadata"]["uid"] != meta["uid"]:
-                return
+                return obj
             time.sleep(0.5)
         raise TimeoutError(
             f"gang object {meta['name']} was still being deleted after {REPLACE_WAIT_S:.0f}s; "

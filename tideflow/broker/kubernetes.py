@@ -598,7 +598,6 @@ class KubernetesActuator:
         ``grace_s``, its pods get that long to stop (the Eviction's DeleteOptions), else
         their own terminationGracePeriodSeconds."""
         from kubernetes import client
-        from kubernetes.client.rest import ApiException
 
         pods = self.core.list_namespaced_pod(
             self.target.namespace, label_selector=f"{GANG_LABEL}={gang_id}"
@@ -606,10 +605,22 @@ class KubernetesActuator:
         options = (
             None if grace_s is None else client.V1DeleteOptions(grace_period_seconds=int(grace_s))
         )
-        # Count the stop on the gang's Volcano Job before the eviction can abort it (the
-        # Job that replaces it copies the count then), and take it back if none went.
-        noted = bool(pods) and self.volcano is not None and self.volcano.note(gang_id, +1)
+        # Mark the stop on the gang's Volcano Job before the eviction can abort it (the
+        # Job that replaces it counts the abort as the broker's then), and take the mark
+        # back if no pod went, whatever happened meanwhile.
+        marked = self.volcano.mark(gang_id) if pods and self.volcano is not None else None
         done = Evictions()
+        try:
+            self._evict_pods(pods, deadline, options, done)
+        finally:
+            if marked is not None and not done.evicted and self.volcano is not None:
+                self.volcano.unmark(marked)
+        return done
+
+    def _evict_pods(self, pods: list[Any], deadline: float, options: Any, done: Evictions) -> None:
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
         for pod in pods:
             name = pod.metadata.name
             body = client.V1Eviction(
@@ -632,9 +643,6 @@ class KubernetesActuator:
                             break
                         raise
                     self.sleep(self.retry_s)  # a PDB refuses for now: try again
-        if noted and not done.evicted and self.volcano is not None:
-            self.volcano.note(gang_id, -1)
-        return done
 
     # -- inference as a team of the cluster file ------------------------------------------
     def _key(self) -> Key:

@@ -1,7 +1,7 @@
 """The broker's side of a Volcano gang's stop count (``tideflow.kube.volcano_lineage``).
 
-Before it evicts a gang's pods the broker adds one to the gang's Job's
-``tideflow.io/broker-stops``; at every step it reads each gang's stops by anything
+Before it evicts a gang's pods the broker marks the gang's Job with its current run
+(``tideflow.io/broker-stop``); at every step it reads each gang's stops by anything
 else (its aborts less the broker's), which the journal counts against the lost-work
 budget as it counts Kueue's preemptions (``DecisionJournal.record_preemptions``).
 """
@@ -81,48 +81,82 @@ class VolcanoStops:
             )
         return tuple(counts)
 
-    def note(self, gang: str, change: int) -> bool:
-        """Add ``change`` to the broker's stops of the gang labelled ``gang``, on its Job
-        if it has one that a stop would abort (``STOPPABLE``); whether it was written.
-        Written with the Job's resourceVersion, so a Job that began aborting meanwhile
-        is read again and left alone. A refusal is logged: the stop then also counts as
-        one by others, against the budget twice rather than not at all."""
+    def mark(self, gang: str) -> tuple[str, str] | None:
+        """Mark the Job of the gang labelled ``gang`` as stopped by the broker in its
+        current run, if a stop would abort it (``STOPPABLE``): before the eviction, so
+        the mark is there when the Job aborts and the Job that replaces it counts the
+        abort as the broker's. The Job's name and uid, or None where none was marked.
+        Written with the Job's resourceVersion: one that began aborting meanwhile is
+        read again and left alone."""
+
+        def marked(job: dict[str, Any]) -> dict[str, str | None] | None:
+            if volcano_lineage.phase(job) not in STOPPABLE:
+                return None
+            return {volcano_lineage.BROKER_STOP_MARK: volcano_lineage.run_mark(job)}
+
+        return self._patch(f"{GANG_LABEL}={gang}", None, marked, f"mark its stop of gang {gang}")
+
+    def unmark(self, job: tuple[str, str]) -> None:
+        """Take the mark back from that Job (by name and uid), in any phase: its
+        eviction stopped no pod, so an abort since is not the broker's. (Should the
+        operator have replaced the Job meanwhile, the replacement counted the abort as
+        the broker's; that needs a preemption of the same gang within the eviction's
+        grace, all of whose pods a PodDisruptionBudget kept.)"""
+        name, uid = job
+        self._patch(
+            f"{GANG_LABEL}",
+            (name, uid),
+            lambda _job: {volcano_lineage.BROKER_STOP_MARK: None},
+            f"take back its mark on Job {name}",
+        )
+
+    def _patch(
+        self,
+        selector: str,
+        only: tuple[str, str] | None,
+        annotations: Callable[[dict[str, Any]], dict[str, str | None] | None],
+        what: str,
+    ) -> tuple[str, str] | None:
+        """Merge ``annotations(job)`` into the one Job the selector (and ``only``: a name
+        and uid) finds, under its resourceVersion, read again after a conflict."""
         from kubernetes.client.rest import ApiException
 
         for _ in range(ATTEMPTS):
             try:
-                jobs = self._jobs(f"{GANG_LABEL}={gang}")
-                if len(jobs) != 1 or volcano_lineage.phase(jobs[0]) not in STOPPABLE:
-                    return False
-                job = jobs[0]
-                stops = max(0, volcano_lineage.broker_stops(job) + change)
+                jobs = self._jobs(selector)
+                if only is not None:
+                    jobs = [
+                        j for j in jobs if (j["metadata"]["name"], j["metadata"]["uid"]) == only
+                    ]
+                change = annotations(jobs[0]) if len(jobs) == 1 else None
+                if change is None:
+                    return None
+                meta = jobs[0]["metadata"]
                 self.custom.patch_namespaced_custom_object(
                     *JOBS,
                     self.namespace,
                     "jobs",
-                    job["metadata"]["name"],
+                    meta["name"],
                     {
                         "metadata": {
-                            "resourceVersion": job["metadata"]["resourceVersion"],
-                            "annotations": {volcano_lineage.BROKER_STOPS: str(stops)},
+                            "resourceVersion": meta["resourceVersion"],
+                            "annotations": change,
                         }
                     },
                     _content_type=MERGE,
                 )
-                return True
+                return meta["name"], meta["uid"]
             except ApiException as exc:
                 if exc.status == 409:  # changed since it was read: read it again
                     continue
                 log.warning(
-                    "broker: cannot count its stop of gang %s on its Volcano Job (%s %s): "
-                    "the stop counts against the lost-work budget twice (re-apply "
+                    "broker: cannot %s on its Volcano Job (%s %s): the lost-work budget "
+                    "may count this stop twice or miss a preemption (re-apply "
                     "deploy/kubernetes/broker-rbac.yaml)",
-                    gang,
+                    what,
                     exc.status,
                     exc.reason,
                 )
-                return False
-        log.warning(
-            "broker: gang %s's Volcano Job kept changing: its stop count is as it was", gang
-        )
-        return False
+                return None
+        log.warning("broker: the Volcano Job kept changing: could not %s", what)
+        return None
