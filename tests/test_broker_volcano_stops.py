@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -355,3 +357,56 @@ def test_the_broker_may_change_only_its_stop_mark_on_a_volcano_job(
     assert fake.fake.volcano.phase(NS, JOB) == "Aborting"
     assert patched({"metadata": {"annotations": {mark: "0"}}}) == 422
     assert volcano_lineage.aborts(gang.job()) == 2
+
+
+ANNOTATION_KEYS = st.sampled_from(
+    [
+        volcano_lineage.ABORTED,
+        volcano_lineage.BROKER_STOPS,
+        volcano_lineage.BROKER_STOP_MARK,
+        volcano_lineage.LINEAGE_UID,
+        volcano_lineage.LINEAGE_CREATED,
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+# a superscript two is a digit to str.isdigit, and no number to int()
+@example(annotations={volcano_lineage.ABORTED: "\u00b2"}, phase="Aborted", retries=0)
+@given(
+    annotations=st.dictionaries(
+        ANNOTATION_KEYS,
+        # numbers of every script and kind (superscripts are digits, not ints), signs,
+        # spaces, letters; and anything
+        st.text(st.characters(categories=["Nd", "No", "Pd", "Zs", "Ll"]), max_size=6)
+        | st.text(max_size=12),
+    ),
+    phase=st.sampled_from(["Pending", "Running", "Restarting", "Aborting", "Aborted", "Failed"]),
+    retries=st.integers(min_value=0, max_value=5),
+)
+def test_any_annotations_a_job_carries_read_as_counts_without_failing(
+    annotations: dict[str, str], phase: str, retries: int
+) -> None:
+    """Annotations are anyone's to edit: whatever a Job carries (digits of other scripts,
+    signs, dates that are not dates), the counts read as whole numbers, the broker's
+    never more than the aborts, and a replacement carries them on unchanged."""
+    job = {
+        "metadata": {
+            "uid": "u-1",
+            "creationTimestamp": "2026-11-25T08:00:00Z",
+            "annotations": annotations,
+        },
+        "status": {"state": {"phase": phase}, "retryCount": retries},
+    }
+    aborts = volcano_lineage.aborts(job)
+    assert aborts >= (1 if phase in volcano_lineage.ABORTED_PHASES else 0)
+    assert 0 <= volcano_lineage.stops_by_others(job) <= aborts
+    uid, created_s = volcano_lineage.lineage(job)
+    assert uid and isinstance(created_s, float)
+    replacement = {
+        "metadata": {"uid": "u-2", "annotations": volcano_lineage.carried(job)},
+        "status": {"state": {"phase": "Pending"}},
+    }
+    assert volcano_lineage.aborts(replacement) == aborts
+    assert volcano_lineage.broker_stops(replacement) == volcano_lineage.broker_stops(job)
+    assert volcano_lineage.lineage(replacement)[0] == uid

@@ -23,7 +23,7 @@ JOBS = ("batch.volcano.sh", "v1alpha1")
 # running.go turn PodEvicted's AbortJob into Aborting; restarting.go and the finishing
 # phases ignore it, and an aborting Job is already counted.
 STOPPABLE = ("Pending", "Running")
-# Optimistic-concurrency retries of the count (another writer moved the Job meanwhile).
+# Optimistic-concurrency retries of a mark (another writer changed the Job meanwhile).
 ATTEMPTS = 5
 
 
@@ -94,7 +94,9 @@ class VolcanoStops:
                 return None
             return {volcano_lineage.BROKER_STOP_MARK: volcano_lineage.run_mark(job)}
 
-        return self._patch(f"{GANG_LABEL}={gang}", None, marked, f"mark its stop of gang {gang}")
+        return self._patch(
+            f"{GANG_LABEL}={gang}", None, marked, f"mark its stop on gang {gang}'s Volcano Job"
+        )
 
     def unmark(self, job: tuple[str, str]) -> None:
         """Take the mark back from that Job (by name and uid), in any phase: its
@@ -107,7 +109,7 @@ class VolcanoStops:
             f"{GANG_LABEL}",
             (name, uid),
             lambda _job: {volcano_lineage.BROKER_STOP_MARK: None},
-            f"take back its mark on Job {name}",
+            f"take back its stop mark on Volcano Job {name}",
         )
 
     def _patch(
@@ -150,7 +152,7 @@ class VolcanoStops:
                 if exc.status == 409:  # changed since it was read: read it again
                     continue
                 log.warning(
-                    "broker: cannot %s on its Volcano Job (%s %s): the lost-work budget "
+                    "broker: cannot %s (%s %s): the lost-work budget "
                     "may count this stop twice or miss a preemption (re-apply "
                     "deploy/kubernetes/broker-rbac.yaml)",
                     what,

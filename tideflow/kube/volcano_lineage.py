@@ -50,8 +50,8 @@ def _annotations(job: dict[str, Any]) -> dict[str, str]:
 def _count(job: dict[str, Any], key: str) -> int:
     """A carried count; anything but a non-negative whole number (an edited
     annotation) reads as 0 rather than failing the step that reads it."""
-    value = _annotations(job).get(key, "0")
-    return int(value) if value.isdigit() else 0
+    value = str(_annotations(job).get(key, "0"))
+    return int(value) if value.isascii() and value.isdigit() else 0
 
 
 def phase(job: dict[str, Any]) -> str:
