@@ -118,6 +118,27 @@ def preempted_by_volcano(fake: KubeFake, gang: Gang) -> None:
     core.delete_namespaced_pod(name, NS)
 
 
+def pdb_refusing_every_eviction(fake: KubeFake, gang: Gang) -> None:
+    """A PodDisruptionBudget over the gang that allows no disruption (as the disruption
+    controller would write its status for two healthy pods)."""
+    fake.create(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "vision", "namespace": NS},
+            "spec": {
+                "maxUnavailable": 0,
+                "selector": {"matchLabels": {"tideflow.io/gang": gang.label()}},
+            },
+        }
+    )
+    budget = fake.get("policy/v1", "PodDisruptionBudget", "vision")
+    fake.set_status(
+        budget,
+        {"disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 2},
+    )
+
+
 def stopped_by_the_broker(fake: Cluster, api: Any, gang: Gang) -> int:
     """The broker grows by a node, evicting the gang, then lends the node back."""
     actuator = KubernetesActuator(api, ClusterTarget(namespace=NS), grace_s=30, retry_s=0.01)
@@ -210,27 +231,12 @@ def test_volcanos_stops_are_counted_exactly_over_many_rounds_of_both(
 def test_a_stop_the_pdb_refused_entirely_is_taken_back(
     cluster: tuple[Cluster, Any], tmp_path: Path
 ) -> None:
-    """The broker counts its stop before it evicts; when a PodDisruptionBudget refuses
-    every eviction until its grace ends, no pod went and the count is taken back, so a
-    later Volcano preemption is not hidden behind it."""
+    """The broker marks its stop before it evicts; when a PodDisruptionBudget refuses
+    every eviction until its grace ends, no pod went and the mark is taken back, so a
+    later Volcano preemption in the same run is not claimed as the broker's."""
     fake, api = cluster
     gang = Gang(fake.fake)
-    fake.fake.create(
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "vision", "namespace": NS},
-            "spec": {
-                "maxUnavailable": 0,
-                "selector": {"matchLabels": {"tideflow.io/gang": gang.label()}},
-            },
-        }
-    )
-    budget = fake.fake.get("policy/v1", "PodDisruptionBudget", "vision")
-    fake.fake.set_status(
-        budget,
-        {"disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 2},
-    )
+    pdb_refusing_every_eviction(fake.fake, gang)
     actuator = KubernetesActuator(api, ClusterTarget(namespace=NS), grace_s=0.05, retry_s=0.01)
     applied = actuator.apply(grow_to(16, gang.label()))
     assert applied.refused_by_pdb and not applied.evicted_pods
@@ -277,22 +283,7 @@ def test_a_preemption_while_the_pdb_holds_the_broker_off_is_volcanos(
     stop counts as Volcano's."""
     fake, api = cluster
     gang = Gang(fake.fake)
-    fake.fake.create(
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "vision", "namespace": NS},
-            "spec": {
-                "maxUnavailable": 0,
-                "selector": {"matchLabels": {"tideflow.io/gang": gang.label()}},
-            },
-        }
-    )
-    budget = fake.fake.get("policy/v1", "PodDisruptionBudget", "vision")
-    fake.fake.set_status(
-        budget,
-        {"disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 2},
-    )
+    pdb_refusing_every_eviction(fake.fake, gang)
     preempted: list[bool] = []
 
     def meanwhile(_s: float) -> None:

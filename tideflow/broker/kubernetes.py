@@ -614,7 +614,7 @@ class KubernetesActuator:
             self._evict_pods(pods, deadline, options, done)
         finally:
             if marked is not None and not done.evicted and self.volcano is not None:
-                self.volcano.unmark(marked)
+                self.volcano.unmark(gang_id, marked)
         return done
 
     def _evict_pods(self, pods: list[Any], deadline: float, options: Any, done: Evictions) -> None:

@@ -98,15 +98,15 @@ class VolcanoStops:
             f"{GANG_LABEL}={gang}", None, marked, f"mark its stop on gang {gang}'s Volcano Job"
         )
 
-    def unmark(self, job: tuple[str, str]) -> None:
-        """Take the mark back from that Job (by name and uid), in any phase: its
+    def unmark(self, gang: str, job: tuple[str, str]) -> None:
+        """Take the mark back from the gang's Job (by name and uid), in any phase: its
         eviction stopped no pod, so an abort since is not the broker's. (Should the
         operator have replaced the Job meanwhile, the replacement counted the abort as
         the broker's; that needs a preemption of the same gang within the eviction's
         grace, all of whose pods a PodDisruptionBudget kept.)"""
         name, uid = job
         self._patch(
-            f"{GANG_LABEL}",
+            f"{GANG_LABEL}={gang}",
             (name, uid),
             lambda _job: {volcano_lineage.BROKER_STOP_MARK: None},
             f"take back its stop mark on Volcano Job {name}",
