@@ -4,6 +4,7 @@
     .venv/bin/python bench/broker.py --loto      # parameters chosen on other traces
     .venv/bin/python bench/broker.py --frontier  # oracle share against the SLO target
     .venv/bin/python bench/broker.py --offered 1.0 --sweep   # the per-GPU throughput varied
+    .venv/bin/python bench/broker.py --hindsight # a richer forecast fitted in hindsight
 
 For each trace: 200 GPUs in 8-GPU nodes and the same synthetic training stream
 (seed) for every policy. Policies: the users' static 120 training / 80
@@ -69,6 +70,7 @@ P99_NEED_GPUS = 132  # synthetic traces: throughput at which the p99 need is two
 CRON_HEADROOMS = tuple(round(0.05 * i, 2) for i in range(31))  # 0 .. 150%
 INSURED_SHARES = tuple(round(0.05 * i, 2) for i in range(21))  # 0 .. 100% of windows
 ROOMS = (100, 200)  # the uniform-room bound's room, hundredths of the calm load: 1.00-2.00x
+HINDSIGHT_ROOMS = (50, 150)  # the room over the hindsight forecasts' bound, in hundredths
 SWEEP_SHARES = (0.4, 0.5, 0.6, 0.68, 0.8)  # p99 inference need as a share of the cluster
 # Tidal's tuned parameters, each with the values either side (chosen on m-mid and m-large).
 LOTO_GRID: dict[str, tuple[float, ...]] = {
@@ -381,6 +383,80 @@ def compare(
     }
 
 
+def hindsight(trace: Trace, jobs: list[JobSpec], **overrides: Any) -> dict[str, Any]:
+    """Tidal against a richer forecast fitted to the trace itself (``oracle-hindsight``)
+    and to its other half (``-cross``), each at the smallest room over its bound (in
+    hundredths, by bisection) that reaches tidal's SLO, fed to the same mechanics with no
+    cooldown; against the oracle and the cron split at the SLO each reached."""
+    peak = p99_split(trace)
+    big = run(trace, jobs, f"static:{peak}")
+    tidal = run(trace, jobs, "tidal", **overrides)
+    oracle = run(trace, jobs, "oracle", **overrides)
+    slo = tidal["slo_attainment"]
+    sweep = CronSweep(trace, jobs)
+    row: dict[str, Any] = {
+        "trace": trace.name,
+        "tidal_slo": slo,
+        "oracle_share": oracle_share(tidal, big, oracle),
+        "tidal_lost_fraction": tidal["lost_fraction_of_training"],
+        "tidal_queueing_hours": tidal["mean_queueing_hours"],
+        "queueing_cron_over_tidal": _ratio(
+            sweep.equal_slo(slo)[1]["mean_queueing_hours"], tidal["mean_queueing_hours"]
+        ),
+    }
+    for policy, key in (("oracle-hindsight", "fitted"), ("oracle-hindsight-cross", "cross")):
+        runs: dict[int, dict[str, Any]] = {}
+
+        def at(room: int, policy: str = policy, runs: dict[int, dict[str, Any]] = runs) -> Any:
+            if room not in runs:
+                runs[room] = run(trace, jobs, policy, hindsight_room=room / 100, **overrides)
+            return runs[room]
+
+        low, high = HINDSIGHT_ROOMS
+        if at(high)["slo_attainment"] >= slo:
+            while low < high:
+                middle = (low + high) // 2
+                if at(middle)["slo_attainment"] >= slo:
+                    high = middle
+                else:
+                    low = middle + 1
+        bound = at(high)
+        _, cron = sweep.equal_slo(bound["slo_attainment"])
+        row |= {
+            f"{key}_room": high / 100,
+            f"{key}_slo": bound["slo_attainment"],
+            f"{key}_oracle_share": oracle_share(bound, big, oracle),
+            f"{key}_lost_fraction": bound["lost_fraction_of_training"],
+            f"{key}_queueing_hours": bound["mean_queueing_hours"],
+            f"queueing_cron_over_{key}": _ratio(
+                cron["mean_queueing_hours"], bound["mean_queueing_hours"]
+            ),
+        }
+    return row
+
+
+def hindsight_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| trace | tidal: oracle share, SLO, lost work, cron / tidal "
+        "| fitted in hindsight: room, SLO, oracle share, lost work, cron / it "
+        "| fitted on the other half: room, SLO, oracle share, lost work, cron / it |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [
+            f"{r['oracle_share']:.0%}, {r['tidal_slo']:.2%}, {r['tidal_lost_fraction']:.2%}, "
+            f"{r['queueing_cron_over_tidal']:.2f}x"
+        ]
+        for key in ("fitted", "cross"):
+            cells.append(
+                f"{r[f'{key}_room']:.2f}x, {r[f'{key}_slo']:.2%}, "
+                f"{r[f'{key}_oracle_share']:.0%}, {r[f'{key}_lost_fraction']:.2%}, "
+                f"{r[f'queueing_cron_over_{key}']:.2f}x"
+            )
+        lines.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def targets_met(row: dict[str, Any]) -> dict[str, bool]:
     return {
         "oracle_share>=0.9": row["oracle_share"] >= 0.9,
@@ -556,6 +632,11 @@ def main() -> int:
     )
     mode.add_argument("--frontier", action="store_true", help="oracle share per SLO target")
     mode.add_argument(
+        "--hindsight",
+        action="store_true",
+        help="tidal against a richer forecast fitted to the trace (and to its other half)",
+    )
+    mode.add_argument(
         "--sweep",
         action="store_true",
         help="vary the per-GPU throughput so that the p99 need is 40-80%% of the cluster",
@@ -581,6 +662,10 @@ def main() -> int:
         return 0
     rows = []
     for trace in chosen:
+        if args.hindsight:
+            rows.append(hindsight(trace, jobs[trace.name], **overrides))
+            print(json.dumps(rows[-1]), flush=True)
+            continue
         if args.frontier:
             for target in FRONTIER_TARGETS:
                 row = compare(trace, jobs[trace.name], quiet=True, slo_target=target, **overrides)
@@ -596,7 +681,7 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row | {"targets_met": targets_met(row)}), flush=True)
     if args.markdown and rows:
-        print(markdown(rows))
+        print(hindsight_markdown(rows) if args.hindsight else markdown(rows))
     return 0
 
 

@@ -27,13 +27,16 @@ from typing import Any
 from tideflow.broker.calibrate import LostWorkBudget, SloCalibration, scaled
 from tideflow.broker.cron import CronSchedule
 from tideflow.broker.forecast import Forecast, LoadForecaster, clean_outages
+from tideflow.broker.hindsight import hindsight_bounds
 from tideflow.broker.jobs import JobSpec
 from tideflow.broker.load import LoadSample, LoadSource
 from tideflow.broker.nodes import NodePool
 from tideflow.broker.policy import Action, GangView, PolicyConfig, Snapshot, decide
 
 HISTORY_S = 8 * 86400.0  # the forecaster looks back a week and a day
-BOUNDS = ("oracle", "oracle-burst-blind")  # not policies: what a forecast could reach
+# Not policies: what a forecast could reach (``oracle-hindsight``: a richer forecast
+# fitted to the trace it is scored on; ``-cross``: to the other half of the trace).
+BOUNDS = ("oracle", "oracle-burst-blind", "oracle-hindsight", "oracle-hindsight-cross")
 
 
 def burst_blind_plan(
@@ -116,6 +119,10 @@ class SimulationConfig:
     # The room it holds in those windows, as a multiple of the calm load (None: the
     # load's burst factor, room for a whole burst).
     burst_room: float | None = None
+    # The hindsight bounds: the regression's quantile, and the room held over it (their
+    # bound scaled by this, as tidal's calibration scales its forecast's).
+    hindsight_quantile: float = 0.995
+    hindsight_room: float = 1.0
 
     def __post_init__(self) -> None:
         if self.placement not in ("gpus", "nodes"):
@@ -132,6 +139,8 @@ class SimulationConfig:
                 f"burst_room must be at least 1, the calm load, or None for the load's "
                 f"burst factor (got {self.burst_room})"
             )
+        if not self.hindsight_room > 0:
+            raise ValueError(f"hindsight_room must be > 0 (got {self.hindsight_room})")
 
     def static_gpus(self) -> int | None:
         if self.policy in ("tidal", *BOUNDS) or self.cron_headroom() is not None:
@@ -141,8 +150,9 @@ class SimulationConfig:
             raise ValueError(
                 f"policy {self.policy!r}: use 'tidal', 'static:N' (N GPUs for inference), "
                 "'cron:H' (an hour-of-day schedule with headroom H, e.g. cron:0.2), "
-                "'oracle' (a bound that knows each window's load) or 'oracle-burst-blind' "
-                "(a bound that knows it but for the bursts)"
+                "'oracle' (a bound that knows each window's load), 'oracle-burst-blind' "
+                "(a bound that knows it but for the bursts) or 'oracle-hindsight[-cross]' "
+                "(a forecast fitted to the trace itself, or to its other half)"
             )
         if not 0 <= int(value) <= self.total_gpus:
             raise ValueError(f"policy {self.policy!r}: N must be within 0..{self.total_gpus}")
@@ -287,13 +297,24 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     base, plan = (
         burst_blind_plan(load, raw, config.insured_share, config.burst_room) if blind else ([], [])
     )
+    hindsight = config.policy.startswith("oracle-hindsight")
+    fitted = (
+        hindsight_bounds(
+            samples,
+            step,
+            config.hindsight_quantile,
+            cross_fitted=config.policy.endswith("-cross"),
+        )
+        if hindsight
+        else []
+    )
     lend_windows = max(1, math.ceil(config.lend_horizon_s / step))
     cron_headroom = config.cron_headroom()
     cron = CronSchedule(headroom=cron_headroom) if cron_headroom is not None else None
     calibration = (
         SloCalibration(config.slo_target, step=config.slo_step)
         # a cron's headroom is fixed; the burst-blind bound's insured share is its own
-        if config.slo_target is not None and cron is None and not blind
+        if config.slo_target is not None and cron is None and not blind and not hindsight
         else None
     )
     margin = 0.0
@@ -385,6 +406,16 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 top = max(ahead) if ahead else None
                 forecast = Forecast(base[index], plan[index], plan[index], "burst-blind")
                 lend_forecast = Forecast(base[index], top, top, "burst-blind")
+                last_lend = None
+            elif hindsight and (own := fitted[index]) is not None:
+                # A forecast fitted to the trace (the first windows, with nothing to fit
+                # on, keep tidal's); no cooldown, and its lend bound its own bounds over
+                # the lend horizon, which read loads not yet seen: optimistic on purpose.
+                room = config.hindsight_room
+                ahead = [b for b in fitted[index : index + lend_windows] if b is not None]
+                bound = own * room
+                forecast = Forecast(None, bound, bound, "hindsight")
+                lend_forecast = Forecast(None, max(ahead) * room, max(ahead) * room, "hindsight")
                 last_lend = None
             upper = forecast.upper
             if forecast.point is not None and sample.rate is not None:
