@@ -113,3 +113,36 @@ def test_processes_opening_an_old_journal_at_once_all_upgrade_it(tmp_path: Path)
         with sqlite3.connect(path) as db:
             columns = [row[1] for row in db.execute("PRAGMA table_info(decisions)")]
         assert columns.count("held_gpus") == 1
+
+
+class Jump:
+    """10 rps (one GPU at 10 rps each) until window 200, then 30 rps (three GPUs)."""
+
+    window_s = 600.0
+
+    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
+        first = max(0, int(start_s // 600) + (start_s % 600 > 0))
+        return [
+            LoadSample(i * 600.0, 10.0 if i < 200 else 30.0)
+            for i in range(first, int(end_s // 600))
+        ]
+
+
+def test_a_second_step_in_the_window_does_not_erase_the_miss_the_first_grew_for(
+    tmp_path: Path,
+) -> None:
+    """The broker steps more often than the load's windows (``--interval 60``). The
+    first step after the jump measures a window inference did not cover and grows; the
+    next step in the same window measures that window again. It was covered by what
+    was held during it, not by what the first step grew to since."""
+    nodes = tuple(Node(f"n{i}", 8, "gpu", "T4", 1) for i in range(4))
+    ledger = LeaseLedger(tmp_path / "leases.db", Inventory("lab", nodes, declared=True))
+    actuator = LocalActuator(ledger, None, node_gpus=1)
+    config = replace(CONFIG, total_gpus=4, lost_work_budget=None)
+    journal = DecisionJournal(tmp_path / "broker.db")
+    for at_s in (200 * 600 + 10, 201 * 600 + 10, 201 * 600 + 70):
+        rebalance_once(Jump(), actuator, config, journal, now_s=at_s)
+    entries = journal.since(0)
+    assert [e.gpus_held for e in entries][:2] == [1, 3]  # the first step grew
+    assert entries[1].emergency and entries[2].needed == 3
+    assert coverage(entries, 600.0) == [False]

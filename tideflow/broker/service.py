@@ -13,7 +13,6 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -333,15 +332,24 @@ def coverage(entries: list[JournalEntry], window_s: float) -> list[bool]:
     """Per load window, oldest first: did the inference GPUs held cover the load measured?
 
     Each decision records the need measured over the window before it; the
-    GPUs held then are those the previous step left: what its actuator reached,
-    not what it decided (short when it could not take them, unchanged in a dry
-    run). Decisions are more frequent than load windows, so one outcome per
-    window (its last decision).
+    GPUs held through that window are those the steps before it left at its end:
+    what their actuator reached, not what they decided (short when it could not
+    take them, unchanged in a dry run). Decisions are more frequent than load
+    windows, so one outcome per window: its last decision's need (the window
+    measured most completely) against those GPUs, never against what an earlier
+    step in the same window grew to after measuring the miss.
     """
     outcomes: dict[int, bool] = {}
-    for before, entry in pairwise(entries):
-        if entry.needed is not None:
-            outcomes[int(entry.at_s // window_s)] = before.gpus_held >= entry.needed
+    held: int | None = None  # what the latest step left
+    window: int | None = None
+    held_through: int | None = None  # what the window before the current one ended with
+    for entry in entries:
+        current = int(entry.at_s // window_s)
+        if current != window:  # the first step in it: the window before ended with `held`
+            window, held_through = current, held
+        if entry.needed is not None and held_through is not None:
+            outcomes[current] = held_through >= entry.needed
+        held = entry.gpus_held
     return [outcomes[k] for k in sorted(outcomes)]
 
 
