@@ -42,6 +42,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -248,6 +249,21 @@ def burst_blind(
     }
 
 
+def smallest_room(at: Callable[[int], dict[str, Any]], rooms: tuple[int, int], slo: float) -> int:
+    """The smallest room within ``rooms`` (hundredths) whose run reaches ``slo``, or the
+    largest when none does, by bisection: sound only where more room never covers fewer
+    windows (tests check it for the bounds bisected on)."""
+    low, high = rooms
+    if at(high)["slo_attainment"] >= slo:
+        while low < high:
+            middle = (low + high) // 2
+            if at(middle)["slo_attainment"] >= slo:
+                high = middle
+            else:
+                low = middle + 1
+    return high
+
+
 def uniform_room(
     trace: Trace,
     jobs: list[JobSpec],
@@ -277,14 +293,7 @@ def uniform_room(
             )
         return runs[room]
 
-    low, high = ROOMS
-    if at(high)["slo_attainment"] >= slo:
-        while low < high:
-            middle = (low + high) // 2
-            if at(middle)["slo_attainment"] >= slo:
-                high = middle
-            else:
-                low = middle + 1
+    high = smallest_room(at, ROOMS, slo)
     bound = at(high)
     headroom, cron = sweep.equal_slo(bound["slo_attainment"])
     return {
@@ -412,14 +421,7 @@ def hindsight(trace: Trace, jobs: list[JobSpec], **overrides: Any) -> dict[str, 
                 runs[room] = run(trace, jobs, policy, hindsight_room=room / 100, **overrides)
             return runs[room]
 
-        low, high = HINDSIGHT_ROOMS
-        if at(high)["slo_attainment"] >= slo:
-            while low < high:
-                middle = (low + high) // 2
-                if at(middle)["slo_attainment"] >= slo:
-                    high = middle
-                else:
-                    low = middle + 1
+        high = smallest_room(at, HINDSIGHT_ROOMS, slo)
         bound = at(high)
         _, cron = sweep.equal_slo(bound["slo_attainment"])
         row |= {
