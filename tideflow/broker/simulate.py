@@ -37,6 +37,9 @@ HISTORY_S = 8 * 86400.0  # the forecaster looks back a week and a day
 # Not policies: what a forecast could reach (``oracle-hindsight``: a richer forecast
 # fitted to the trace it is scored on; ``-cross``: to the other half of the trace).
 BOUNDS = ("oracle", "oracle-burst-blind", "oracle-hindsight", "oracle-hindsight-cross")
+# The bounds that replace tidal's next-window forecast and may keep the rest of tidal.
+FORECAST_BOUNDS = ("oracle", "oracle-hindsight", "oracle-hindsight-cross")
+MECHANICS = ("lean", "cooldown", "lend", "tidal")  # ``SimulationConfig.bound_mechanics``
 
 
 def burst_blind_plan(
@@ -123,6 +126,12 @@ class SimulationConfig:
     # bound scaled by this, as tidal's calibration scales its forecast's).
     hindsight_quantile: float = 0.995
     hindsight_room: float = 1.0
+    # What the "oracle" and "oracle-hindsight[-cross]" bounds keep of tidal besides its
+    # next-window forecast, to tell what tidal loses to its forecast from what it loses
+    # to its mechanics: "lean" (neither: no cooldown, a lend bound read from their own
+    # bounds ahead), "cooldown" (tidal's cooldown between lends), "lend" (tidal's lend
+    # bound, with its lost-work budget, which sees only the past) or "tidal" (both).
+    bound_mechanics: str = "lean"
 
     def __post_init__(self) -> None:
         if self.placement not in ("gpus", "nodes"):
@@ -141,6 +150,30 @@ class SimulationConfig:
             )
         if not self.hindsight_room > 0:
             raise ValueError(f"hindsight_room must be > 0 (got {self.hindsight_room})")
+        if self.bound_mechanics not in MECHANICS:
+            raise ValueError(
+                f"bound_mechanics {self.bound_mechanics!r}: use one of "
+                + ", ".join(repr(m) for m in MECHANICS)
+                + " (what the oracle and hindsight bounds keep of tidal's mechanics)"
+            )
+        if self.bound_mechanics != "lean" and self.policy not in FORECAST_BOUNDS:
+            raise ValueError(
+                f"bound_mechanics {self.bound_mechanics!r} applies to the policies "
+                + ", ".join(repr(p) for p in FORECAST_BOUNDS)
+                + f" only (got policy {self.policy!r})"
+            )
+
+    @property
+    def tidal_cooldown(self) -> bool:
+        """Whether lends wait out the cooldown (tidal, cron, or a bound keeping it)."""
+        return self.policy not in BOUNDS or self.bound_mechanics in ("cooldown", "tidal")
+
+    @property
+    def tidal_lend_bound(self) -> bool:
+        """Whether the lend bound is tidal's (from the past, spending the budget)."""
+        return self.policy == "tidal" or (
+            self.policy in FORECAST_BOUNDS and self.bound_mechanics in ("lend", "tidal")
+        )
 
     def static_gpus(self) -> int | None:
         if self.policy in ("tidal", *BOUNDS) or self.cron_headroom() is not None:
@@ -326,7 +359,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
             low=config.lost_work_low,
             high=config.lost_work_high,
         )
-        if config.lost_work_budget is not None and config.policy == "tidal"
+        if config.lost_work_budget is not None and config.tidal_lend_bound
         else None
     )
     budget_saturated = 0  # windows over the lost-work budget (lending at the fixed bound)
@@ -393,12 +426,14 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                     lost = sum(lost_by_window[-budget_windows:])
                     budget_saturated += budget.saturated(lost, trained)
                     lend_forecast = scaled(lend_forecast, budget.margin(lost, trained))
+            own_bound = config.policy == "oracle" or blind
             if config.policy == "oracle":
                 # Not a policy: the same decisions fed each window's true load, with no
                 # cooldown, to bound what any forecast could achieve on this trace.
                 exact = Forecast(sample.rate, sample.rate, sample.rate, "oracle")
-                forecast, lend_forecast = exact, exact
-                last_lend = None
+                forecast = exact
+                if not config.tidal_lend_bound:
+                    lend_forecast = exact
             elif blind:
                 # A tighter bound: each window's load known but for its burst, room for
                 # a burst held by plan, no cooldown (it knows the future's load).
@@ -406,17 +441,21 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                 top = max(ahead) if ahead else None
                 forecast = Forecast(base[index], plan[index], plan[index], "burst-blind")
                 lend_forecast = Forecast(base[index], top, top, "burst-blind")
-                last_lend = None
             elif hindsight and (own := fitted[index]) is not None:
                 # A forecast fitted to the trace (the first windows, with nothing to fit
-                # on, keep tidal's); no cooldown, and its lend bound its own bounds over
-                # the lend horizon, which read loads not yet seen: optimistic on purpose.
+                # on, keep tidal's); lean, its lend bound is its own bounds over the lend
+                # horizon, which read loads not yet seen: optimistic on purpose.
+                own_bound = True
                 room = config.hindsight_room
                 ahead = [b for b in fitted[index : index + lend_windows] if b is not None]
                 bound = own * room
                 forecast = Forecast(None, bound, bound, "hindsight")
-                lend_forecast = Forecast(None, max(ahead) * room, max(ahead) * room, "hindsight")
-                last_lend = None
+                if not config.tidal_lend_bound:
+                    lend_forecast = Forecast(
+                        None, max(ahead) * room, max(ahead) * room, "hindsight"
+                    )
+            if own_bound and not config.tidal_cooldown:
+                last_lend = None  # a bound that knows the load ahead needs no cooldown
             upper = forecast.upper
             if forecast.point is not None and sample.rate is not None:
                 forecast_errors.append(abs(forecast.point - sample.rate) / sample.rate)
