@@ -5,6 +5,7 @@
     .venv/bin/python bench/broker.py --frontier  # oracle share against the SLO target
     .venv/bin/python bench/broker.py --offered 1.0 --sweep   # the per-GPU throughput varied
     .venv/bin/python bench/broker.py --hindsight # a richer forecast fitted in hindsight
+    .venv/bin/python bench/broker.py --decompose # tidal's gap: its forecast or its mechanics
 
 For each trace: 200 GPUs in 8-GPU nodes and the same synthetic training stream
 (seed) for every policy. Policies: the users' static 120 training / 80
@@ -392,49 +393,152 @@ def compare(
     }
 
 
+def _at_tidals_slo(
+    trace: Trace,
+    jobs: list[JobSpec],
+    policy: str,
+    key: str,
+    *,
+    slo: float,
+    big: dict[str, Any],
+    oracle: dict[str, Any],
+    sweep: CronSweep,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """A hindsight forecast at the smallest room over its bound (hundredths, by
+    bisection) that reaches ``slo``, against the oracle and the cron split at the SLO it
+    reached; its figures keyed ``{key}_...``."""
+    runs: dict[int, dict[str, Any]] = {}
+
+    def at(room: int) -> dict[str, Any]:
+        if room not in runs:
+            runs[room] = run(trace, jobs, policy, hindsight_room=room / 100, **overrides)
+        return runs[room]
+
+    high = smallest_room(at, HINDSIGHT_ROOMS, slo)
+    bound = at(high)
+    _, cron = sweep.equal_slo(bound["slo_attainment"])
+    return {
+        f"{key}_room": high / 100,
+        f"{key}_slo": bound["slo_attainment"],
+        f"{key}_oracle_share": oracle_share(bound, big, oracle),
+        f"{key}_lost_fraction": bound["lost_fraction_of_training"],
+        f"{key}_queueing_hours": bound["mean_queueing_hours"],
+        f"queueing_cron_over_{key}": _ratio(
+            cron["mean_queueing_hours"], bound["mean_queueing_hours"]
+        ),
+    }
+
+
+def _tidal_row(
+    trace: Trace, jobs: list[JobSpec], **overrides: Any
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], CronSweep]:
+    """Tidal, the p99 split and the oracle on one trace: the row's first cells, and the
+    references every other figure of the row is measured against."""
+    big = run(trace, jobs, f"static:{p99_split(trace)}")
+    tidal = run(trace, jobs, "tidal", **overrides)
+    oracle = run(trace, jobs, "oracle", **overrides)
+    sweep = CronSweep(trace, jobs)
+    row: dict[str, Any] = {
+        "trace": trace.name,
+        "tidal_slo": tidal["slo_attainment"],
+        "oracle_share": oracle_share(tidal, big, oracle),
+        "tidal_lost_fraction": tidal["lost_fraction_of_training"],
+        "tidal_queueing_hours": tidal["mean_queueing_hours"],
+        "queueing_cron_over_tidal": _ratio(
+            sweep.equal_slo(tidal["slo_attainment"])[1]["mean_queueing_hours"],
+            tidal["mean_queueing_hours"],
+        ),
+    }
+    return row, big, oracle, sweep
+
+
 def hindsight(trace: Trace, jobs: list[JobSpec], **overrides: Any) -> dict[str, Any]:
     """Tidal against a richer forecast fitted to the trace itself (``oracle-hindsight``)
     and to its other half (``-cross``), each at the smallest room over its bound (in
     hundredths, by bisection) that reaches tidal's SLO, fed to the same mechanics with no
     cooldown; against the oracle and the cron split at the SLO each reached."""
-    peak = p99_split(trace)
-    big = run(trace, jobs, f"static:{peak}")
-    tidal = run(trace, jobs, "tidal", **overrides)
-    oracle = run(trace, jobs, "oracle", **overrides)
-    slo = tidal["slo_attainment"]
-    sweep = CronSweep(trace, jobs)
-    row: dict[str, Any] = {
-        "trace": trace.name,
-        "tidal_slo": slo,
-        "oracle_share": oracle_share(tidal, big, oracle),
-        "tidal_lost_fraction": tidal["lost_fraction_of_training"],
-        "tidal_queueing_hours": tidal["mean_queueing_hours"],
-        "queueing_cron_over_tidal": _ratio(
-            sweep.equal_slo(slo)[1]["mean_queueing_hours"], tidal["mean_queueing_hours"]
-        ),
-    }
+    row, big, oracle, sweep = _tidal_row(trace, jobs, **overrides)
     for policy, key in (("oracle-hindsight", "fitted"), ("oracle-hindsight-cross", "cross")):
-        runs: dict[int, dict[str, Any]] = {}
+        row |= _at_tidals_slo(
+            trace,
+            jobs,
+            policy,
+            key,
+            slo=row["tidal_slo"],
+            big=big,
+            oracle=oracle,
+            sweep=sweep,
+            **overrides,
+        )
+    return row
 
-        def at(room: int, policy: str = policy, runs: dict[int, dict[str, Any]] = runs) -> Any:
-            if room not in runs:
-                runs[room] = run(trace, jobs, policy, hindsight_room=room / 100, **overrides)
-            return runs[room]
 
-        high = smallest_room(at, HINDSIGHT_ROOMS, slo)
-        bound = at(high)
-        _, cron = sweep.equal_slo(bound["slo_attainment"])
+def decompose(trace: Trace, jobs: list[JobSpec], **overrides: Any) -> dict[str, Any]:
+    """Tidal's gap to the oracle split into its forecast's share and its mechanics'.
+
+    The oracle is lean: it needs no cooldown and its lend bound reads the load ahead.
+    Given tidal's cooldown, tidal's lend bound (from the past, spending the lost-work
+    budget) or both (``bound_mechanics``), it shows what a perfect next-window forecast
+    would reach with tidal's mechanics; the rest of the gap is the forecast's. The
+    forecast fitted on the trace's other half is then run both lean and with tidal's
+    mechanics, each at the smallest room reaching tidal's SLO: whether a better
+    forecast helps inside tidal as it is."""
+    row, big, oracle, sweep = _tidal_row(trace, jobs, **overrides)
+    _, cron = sweep.equal_slo(row["tidal_slo"])  # the cron bound's reference
+    for mechanics in ("cooldown", "lend", "tidal"):
+        kept = run(trace, jobs, "oracle", bound_mechanics=mechanics, **overrides)
         row |= {
-            f"{key}_room": high / 100,
-            f"{key}_slo": bound["slo_attainment"],
-            f"{key}_oracle_share": oracle_share(bound, big, oracle),
-            f"{key}_lost_fraction": bound["lost_fraction_of_training"],
-            f"{key}_queueing_hours": bound["mean_queueing_hours"],
-            f"queueing_cron_over_{key}": _ratio(
-                cron["mean_queueing_hours"], bound["mean_queueing_hours"]
+            f"oracle_{mechanics}_oracle_share": oracle_share(kept, big, oracle),
+            f"oracle_{mechanics}_slo": kept["slo_attainment"],
+            f"oracle_{mechanics}_lost_fraction": kept["lost_fraction_of_training"],
+            f"queueing_cron_over_oracle_{mechanics}": _ratio(
+                cron["mean_queueing_hours"], kept["mean_queueing_hours"]
             ),
         }
+    for mechanics, key in (("lean", "cross"), ("tidal", "cross_tidal")):
+        row |= _at_tidals_slo(
+            trace,
+            jobs,
+            "oracle-hindsight-cross",
+            key,
+            slo=row["tidal_slo"],
+            big=big,
+            oracle=oracle,
+            sweep=sweep,
+            bound_mechanics=mechanics,
+            **overrides,
+        )
     return row
+
+
+def decompose_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| trace | tidal: oracle share, lost work, cron / tidal "
+        "| the oracle with tidal's cooldown | with tidal's lend bound | with both "
+        "| fitted on the other half, lean: room, SLO, share, lost work, cron / it "
+        "| the same with tidal's mechanics |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [
+            f"{r['oracle_share']:.0%}, {r['tidal_lost_fraction']:.2%}, "
+            f"{r['queueing_cron_over_tidal']:.2f}x"
+        ]
+        for mechanics in ("cooldown", "lend", "tidal"):
+            cells.append(
+                f"{r[f'oracle_{mechanics}_oracle_share']:.0%}, "
+                f"{r[f'oracle_{mechanics}_lost_fraction']:.2%}, "
+                f"{r[f'queueing_cron_over_oracle_{mechanics}']:.2f}x"
+            )
+        for key in ("cross", "cross_tidal"):
+            cells.append(
+                f"{r[f'{key}_room']:.2f}x, {r[f'{key}_slo']:.2%}, "
+                f"{r[f'{key}_oracle_share']:.0%}, {r[f'{key}_lost_fraction']:.2%}, "
+                f"{r[f'queueing_cron_over_{key}']:.2f}x"
+            )
+        lines.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def hindsight_markdown(rows: list[dict[str, Any]]) -> str:
@@ -639,6 +743,12 @@ def main() -> int:
         help="tidal against a richer forecast fitted to the trace (and to its other half)",
     )
     mode.add_argument(
+        "--decompose",
+        action="store_true",
+        help="tidal's gap to the oracle: the oracle with tidal's cooldown and lend bound, "
+        "and the forecast fitted on the other half with and without them",
+    )
+    mode.add_argument(
         "--sweep",
         action="store_true",
         help="vary the per-GPU throughput so that the p99 need is 40-80%% of the cluster",
@@ -664,8 +774,9 @@ def main() -> int:
         return 0
     rows = []
     for trace in chosen:
-        if args.hindsight:
-            rows.append(hindsight(trace, jobs[trace.name], **overrides))
+        if args.hindsight or args.decompose:
+            measure = decompose if args.decompose else hindsight
+            rows.append(measure(trace, jobs[trace.name], **overrides))
             print(json.dumps(rows[-1]), flush=True)
             continue
         if args.frontier:
@@ -683,7 +794,14 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row | {"targets_met": targets_met(row)}), flush=True)
     if args.markdown and rows:
-        print(hindsight_markdown(rows) if args.hindsight else markdown(rows))
+        table = (
+            decompose_markdown
+            if args.decompose
+            else hindsight_markdown
+            if args.hindsight
+            else markdown
+        )
+        print(table(rows))
     return 0
 
 
