@@ -512,6 +512,15 @@ def decompose(trace: Trace, jobs: list[JobSpec], **overrides: Any) -> dict[str, 
     return row
 
 
+def _fitted_cell(row: dict[str, Any], key: str) -> str:
+    """A hindsight forecast's cell: its room, SLO, oracle share, lost work, cron / it."""
+    return (
+        f"{row[f'{key}_room']:.2f}x, {row[f'{key}_slo']:.2%}, "
+        f"{row[f'{key}_oracle_share']:.0%}, {row[f'{key}_lost_fraction']:.2%}, "
+        f"{row[f'queueing_cron_over_{key}']:.2f}x"
+    )
+
+
 def decompose_markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| trace | tidal: oracle share, lost work, cron / tidal "
@@ -531,12 +540,7 @@ def decompose_markdown(rows: list[dict[str, Any]]) -> str:
                 f"{r[f'oracle_{mechanics}_lost_fraction']:.2%}, "
                 f"{r[f'queueing_cron_over_oracle_{mechanics}']:.2f}x"
             )
-        for key in ("cross", "cross_tidal"):
-            cells.append(
-                f"{r[f'{key}_room']:.2f}x, {r[f'{key}_slo']:.2%}, "
-                f"{r[f'{key}_oracle_share']:.0%}, {r[f'{key}_lost_fraction']:.2%}, "
-                f"{r[f'queueing_cron_over_{key}']:.2f}x"
-            )
+        cells += [_fitted_cell(r, key) for key in ("cross", "cross_tidal")]
         lines.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -553,12 +557,7 @@ def hindsight_markdown(rows: list[dict[str, Any]]) -> str:
             f"{r['oracle_share']:.0%}, {r['tidal_slo']:.2%}, {r['tidal_lost_fraction']:.2%}, "
             f"{r['queueing_cron_over_tidal']:.2f}x"
         ]
-        for key in ("fitted", "cross"):
-            cells.append(
-                f"{r[f'{key}_room']:.2f}x, {r[f'{key}_slo']:.2%}, "
-                f"{r[f'{key}_oracle_share']:.0%}, {r[f'{key}_lost_fraction']:.2%}, "
-                f"{r[f'queueing_cron_over_{key}']:.2f}x"
-            )
+        cells += [_fitted_cell(r, key) for key in ("fitted", "cross")]
         lines.append(f"| {r['trace']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
