@@ -89,3 +89,24 @@ def test_the_default_is_lean_and_a_bound_with_tidals_mechanics_differs_from_it()
 def test_a_bad_mechanics_names_what_is_accepted(policy: str, mechanics: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SimulationConfig(policy=policy, bound_mechanics=mechanics)
+
+
+def test_the_cli_runs_the_oracle_with_tidals_mechanics_and_names_a_bad_choice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``tideflow broker simulate --bound-mechanics``: a user's own trace can be split
+    the same way; a bad value exits 2 naming the accepted ones."""
+    import json
+
+    from tideflow.cli import main
+
+    common = ["broker", "simulate", "--trace", "synthetic", "--days", "2", "--per-gpu-rps"]
+    common += ["25", "--policy", "oracle", "--json"]
+    assert main([*common, "--bound-mechanics", "tidal"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["bound_mechanics"] == "tidal"
+    assert main(common) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["bound_mechanics"] == "lean"
+    assert main([*common, "--bound-mechanics", "both"]) == 2
+    err = capsys.readouterr().err
+    assert "bound_mechanics 'both': use one of 'lean', 'cooldown', 'lend', 'tidal'" in err

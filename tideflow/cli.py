@@ -435,6 +435,7 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
             node_gpus=args.node_gpus,
             per_gpu_rps=args.per_gpu_rps,
             placement=args.placement,
+            bound_mechanics=args.bound_mechanics,
         )
         config.static_gpus()  # validates the policy string
         jobs = (
@@ -761,8 +762,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         default="tidal",
         help="'tidal', 'static:N' (N inference GPUs), 'cron:H' (an hour-of-day schedule "
-        "with headroom H), or a bound: 'oracle' (knows each window's load) or "
-        "'oracle-burst-blind' (knows it but for the bursts; synthetic load only)",
+        "with headroom H), or a bound: 'oracle' (knows each window's load), "
+        "'oracle-burst-blind' (knows it but for the bursts; synthetic load only) or "
+        "'oracle-hindsight[-cross]' (a forecast fitted to the trace, or to its other half)",
+    )
+    sim.add_argument(
+        "--bound-mechanics",
+        default="lean",
+        help="what the oracle and hindsight bounds keep of tidal besides its forecast: "
+        "'lean' (default: no cooldown, a lend bound read ahead), 'cooldown', 'lend' "
+        "(tidal's lend bound, from the past) or 'tidal' (both); the oracle with 'tidal' "
+        "tells how much of tidal's gap is its forecast's",
     )
     sim.add_argument(
         "--jobs", default="synthetic", help="'synthetic' (seeded) or a CSV of training jobs"
