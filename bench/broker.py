@@ -755,6 +755,15 @@ def main() -> int:
     args = parser.parse_args()
     PLACEMENT[0] = args.placement
     overrides = {k: _number(v) for k, _, v in (item.partition("=") for item in args.set)}
+    # what a mode varies itself cannot also be set for it
+    searched = {
+        "hindsight": ("hindsight_room",),
+        "decompose": ("hindsight_room", "bound_mechanics"),
+    }
+    for mode_name, keys in searched.items():
+        for key in keys:
+            if getattr(args, mode_name) and key in overrides:
+                parser.error(f"--set {key}: --{mode_name} varies it itself")
     chosen = [t for t in traces(args.traces) if not args.only or t.name in args.only]
     jobs = {
         t.name: synthetic_jobs(
