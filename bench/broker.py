@@ -754,16 +754,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     PLACEMENT[0] = args.placement
-    overrides = {k: _number(v) for k, _, v in (item.partition("=") for item in args.set)}
-    # what a mode varies itself cannot also be set for it
-    searched = {
-        "hindsight": ("hindsight_room",),
-        "decompose": ("hindsight_room", "bound_mechanics"),
-    }
-    for mode_name, keys in searched.items():
-        for key in keys:
-            if getattr(args, mode_name) and key in overrides:
-                parser.error(f"--set {key}: --{mode_name} varies it itself")
+    overrides = _overrides(parser, args)
     chosen = [t for t in traces(args.traces) if not args.only or t.name in args.only]
     jobs = {
         t.name: synthetic_jobs(
@@ -811,6 +802,23 @@ def main() -> int:
         )
         print(table(rows))
     return 0
+
+
+def _overrides(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The --set fields, refusing by name those the chosen mode varies itself."""
+    overrides = {k: _number(v) for k, _, v in (item.partition("=") for item in args.set)}
+    if "bound_mechanics" in overrides and not args.decompose:
+        parser.error("--set bound_mechanics: tidal has none; --decompose varies the bounds'")
+    # what a mode varies itself cannot also be set for it
+    searched = {
+        "hindsight": ("hindsight_room",),
+        "decompose": ("hindsight_room", "bound_mechanics"),
+    }
+    for mode_name, keys in searched.items():
+        for key in keys:
+            if getattr(args, mode_name) and key in overrides:
+                parser.error(f"--set {key}: --{mode_name} varies it itself")
+    return overrides
 
 
 def _number(text: str) -> Any:

@@ -68,6 +68,32 @@ def test_with_tidals_lend_bound_the_oracle_holds_more_and_still_covers_every_win
         assert len(missed) <= 2
 
 
+def test_tidals_lend_bound_spends_the_lost_work_budget_as_tidals_does(
+    oracle_runs: dict[str, SimulationResult],
+) -> None:
+    """Kept by a bound, tidal's lend bound is scaled by the lost-work budget, as tidal's
+    is: without the budget the same bound holds more GPUs; lean, there is no budget."""
+    fixed = _run("oracle", bound_mechanics="lend", lost_work_budget=None).metrics
+    spending = oracle_runs["lend"].metrics
+    assert "lost_work_budget_gpu_hours" in spending
+    assert "lost_work_budget_gpu_hours" not in oracle_runs["lean"].metrics
+    assert "lost_work_budget_gpu_hours" not in fixed
+    assert spending["mean_inference_gpus"] < fixed["mean_inference_gpus"]
+
+
+def test_the_hindsight_bound_keeps_each_mechanism_alone() -> None:
+    """With "lend" the hindsight bound lends within tidal's lend bound (holding more) but
+    without the cooldown; with "cooldown", its own lend bound and tidal's cooldown."""
+    lean = _run("oracle-hindsight-cross")
+    lend = _run("oracle-hindsight-cross", bound_mechanics="lend")
+    cooldown = _run("oracle-hindsight-cross", bound_mechanics="cooldown")
+    assert lend.metrics["mean_inference_gpus"] > lean.metrics["mean_inference_gpus"]
+    assert min(_lend_gaps(lend)) < 3600.0
+    assert min(_lend_gaps(cooldown)) >= 3600.0 > min(_lend_gaps(lean))
+    assert "lost_work_budget_gpu_hours" in lend.metrics
+    assert "lost_work_budget_gpu_hours" not in cooldown.metrics
+
+
 def test_the_default_is_lean_and_a_bound_with_tidals_mechanics_differs_from_it() -> None:
     """The hindsight bound too: keeping tidal's mechanics changes its decisions."""
     lean = _run("oracle-hindsight-cross")

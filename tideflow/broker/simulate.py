@@ -428,8 +428,9 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                     lend_forecast = scaled(lend_forecast, budget.margin(lost, trained))
             own_bound = config.policy == "oracle" or blind
             if config.policy == "oracle":
-                # Not a policy: the same decisions fed each window's true load, with no
-                # cooldown, to bound what any forecast could achieve on this trace.
+                # Not a policy: the same decisions fed each window's true load (lean: with
+                # no cooldown and its lend bound the load itself), to bound what any
+                # forecast could achieve on this trace.
                 exact = Forecast(sample.rate, sample.rate, sample.rate, "oracle")
                 forecast = exact
                 if not config.tidal_lend_bound:
