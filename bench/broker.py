@@ -807,17 +807,10 @@ def main() -> int:
 def _overrides(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
     """The --set fields, refusing by name those the chosen mode varies itself."""
     overrides = {k: _number(v) for k, _, v in (item.partition("=") for item in args.set)}
-    if "bound_mechanics" in overrides and not args.decompose:
+    if "bound_mechanics" in overrides:
         parser.error("--set bound_mechanics: tidal has none; --decompose varies the bounds'")
-    # what a mode varies itself cannot also be set for it
-    searched = {
-        "hindsight": ("hindsight_room",),
-        "decompose": ("hindsight_room", "bound_mechanics"),
-    }
-    for mode_name, keys in searched.items():
-        for key in keys:
-            if getattr(args, mode_name) and key in overrides:
-                parser.error(f"--set {key}: --{mode_name} varies it itself")
+    if "hindsight_room" in overrides and (args.hindsight or args.decompose):
+        parser.error("--set hindsight_room: --hindsight and --decompose vary it themselves")
     return overrides
 
 

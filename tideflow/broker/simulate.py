@@ -164,9 +164,9 @@ class SimulationConfig:
             )
 
     @property
-    def tidal_cooldown(self) -> bool:
-        """Whether lends wait out the cooldown (tidal, cron, or a bound keeping it)."""
-        return self.policy not in BOUNDS or self.bound_mechanics in ("cooldown", "tidal")
+    def bound_keeps_cooldown(self) -> bool:
+        """Whether a bound waits out tidal's cooldown between lends (policies always do)."""
+        return self.bound_mechanics in ("cooldown", "tidal")
 
     @property
     def tidal_lend_bound(self) -> bool:
@@ -455,7 +455,7 @@ def simulate(  # noqa: PLR0915 - one readable event loop
                     lend_forecast = Forecast(
                         None, max(ahead) * room, max(ahead) * room, "hindsight"
                     )
-            if own_bound and not config.tidal_cooldown:
+            if own_bound and not config.bound_keeps_cooldown:
                 last_lend = None  # a bound that knows the load ahead needs no cooldown
             upper = forecast.upper
             if forecast.point is not None and sample.rate is not None:
