@@ -22,6 +22,7 @@ from tideflow.spec.models import (
     PromoteCheckpoint,
     Step,
 )
+from tideflow.spec.params import run_params
 
 POOL_FOR_CLASS = {"cpu": "tideflow-cpu", "gpu": "tideflow-gpu", "npu": "tideflow-npu"}
 OPERATOR_FOR_KIND = {
@@ -235,35 +236,13 @@ def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
         schedule=meta.schedule,
         owners=meta.owners,
         tags=tuple(dict.fromkeys(("tideflow", f"team:{meta.team}", *meta.tags))),
-        params=_with_priority_param(
-            {name: _param_plan(p) for name, p in spec.params.items()}, meta.priority_class
-        ),
+        params={name: _param_plan(p) for name, p in run_params(spec).items()},
         tasks=tuple(tasks),
         code_path=str(code_dir) if code_dir is not None else None,
         code_image_path=spec.code.image_path if spec.code is not None else None,
         paused_at_creation=meta.paused_at_creation,
         priority_class=meta.priority_class,
     )
-
-
-PRIORITY_PARAM = "priority_class"
-
-
-def _with_priority_param(
-    params: dict[str, ParamPlan], priority_class: str | None
-) -> dict[str, ParamPlan]:
-    """A pipeline with a priority class lets whoever triggers a run choose another one."""
-    if priority_class is None or PRIORITY_PARAM in params:
-        return params
-    return {
-        **params,
-        PRIORITY_PARAM: ParamPlan(
-            default=priority_class,
-            type="string",
-            description="Priority class of this run's gangs: one the cluster file lets "
-            "the team use (checked when a gang asks for devices).",
-        ),
-    }
 
 
 def topological_order(plan: DagPlan) -> list[TaskPlan]:

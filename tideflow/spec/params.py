@@ -13,6 +13,8 @@ class ParamValueError(ValueError):
     """A run parameter given on the command line is unknown or has a bad value."""
 
 
+PRIORITY_PARAM = "priority_class"
+
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
 
@@ -51,16 +53,36 @@ def _coerce(name: str, spec: ParamSpec, text: str) -> Any:
     return value
 
 
+def run_params(spec: PipelineSpec) -> dict[str, ParamSpec]:
+    """The params a run may set: the pipeline's own, then ``priority_class`` when the
+    pipeline names a priority class, defaulting to it.
+
+    The one list of them: the DAG's params (``compile_dag_plan``) and ``tideflow run
+    --param`` both come from here, so the CLI accepts what the trigger form offers.
+    """
+    named = spec.metadata.priority_class
+    if named is None or PRIORITY_PARAM in spec.params:
+        return dict(spec.params)
+    chosen = ParamSpec(
+        type="string",
+        default=named,
+        description="Priority class of this run's gangs: one the cluster file lets "
+        "the team use (checked when a gang asks for devices).",
+    )
+    return {**spec.params, PRIORITY_PARAM: chosen}
+
+
 def parse_param_overrides(spec: PipelineSpec, pairs: list[str]) -> dict[str, Any]:
     """``["lr=0.1", "epochs=3"]`` -> ``{"lr": 0.1, "epochs": 3}``, typed and bounds-checked."""
+    accepted = run_params(spec)
     values: dict[str, Any] = {}
     for pair in pairs:
         name, sep, text = pair.partition("=")
         if not sep:
             raise ParamValueError(f"--param {pair!r}: expected NAME=VALUE")
-        if name not in spec.params:
-            hint = did_you_mean(name, spec.params)
-            known = ", ".join(spec.params) or "none"
+        if name not in accepted:
+            hint = did_you_mean(name, accepted)
+            known = ", ".join(accepted) or "none"
             raise ParamValueError(f"unknown param '{name}'; {hint}declared params: {known}")
-        values[name] = _coerce(name, spec.params[name], text)
+        values[name] = _coerce(name, accepted[name], text)
     return values

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tideflow.compile.dag_plan import PRIORITY_PARAM, TaskPlan
+from tideflow.compile.dag_plan import TaskPlan
 from tideflow.compile.templates import exact_param
 from tideflow.kube.argo.container import container_step, executor_args
 from tideflow.kube.argo.context import CompileContext
 from tideflow.kube.argo.plan import WORKFLOW_NAME, WORKFLOW_UID, StepTemplate
 from tideflow.kube.argo.team_classes import team_classes_json
 from tideflow.kube.settings import settings_to_json
+from tideflow.spec.params import PRIORITY_PARAM
 from tideflow.spec.yamlpos import Path
 from tideflow.steps.standalone import GANG_OUTPUTS
 

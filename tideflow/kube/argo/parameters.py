@@ -6,9 +6,10 @@ import json
 import re
 from typing import Any
 
-from tideflow.compile.dag_plan import PRIORITY_PARAM, DagPlan
+from tideflow.compile.dag_plan import DagPlan
 from tideflow.kube.argo.plan import WorkflowParam
 from tideflow.spec.models import ParamSpec, PipelineSpec
+from tideflow.spec.params import PRIORITY_PARAM
 
 # Argo refuses other characters in parameter names.
 ARGO_NAME = re.compile(r"^[-a-zA-Z0-9_]+$")
