@@ -86,7 +86,6 @@ class GangCheckpoints:
             )
         self.latest_metrics: dict[str, float] = {}
         self.saved_step: int | None = None  # the newest step handed to the store
-        self.resumed_from: int | None = None
         self.last_committed: Manifest | None = None  # rank 0: what it committed last
         self.exit_code: int | None = None
         self._last_save_time = time.monotonic()
@@ -188,8 +187,10 @@ class GangCheckpoints:
             )
             if manifest is not None:  # rank 0 committed it
                 self.last_committed = manifest
-                protect = [] if self.resumed_from is None else [self.resumed_from]
-                self.manager.apply_retention(protect=protect)
+                # As tideflow.checkpoints(): the checkpoint resumed from (often the
+                # preemption's) counts toward keep_last; the newer one just committed
+                # is what a restart resumes from, and retention never deletes it.
+                self.manager.apply_retention()
                 self.metrics.log_checkpoint(manifest)
                 log.info("tideflow: checkpoint step %d committed: %s", step, manifest.uri)
             if cleanup is not None:
@@ -245,7 +246,6 @@ class GangCheckpoints:
         target.mkdir(parents=True)
         for name in wanted(manifest):
             self.manager.download_shard(manifest, name, target / name)  # checksum verified
-        self.resumed_from = manifest.step
         self.saved_step = manifest.step
         self.say(
             f"resumed from checkpoint step {manifest.step} (restart {self.config.restart_count})"

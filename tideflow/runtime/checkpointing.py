@@ -75,7 +75,6 @@ class AsyncCheckpointer:
         self.on_commit = on_commit  # rank 0, e.g. record the checkpoint on the MLflow run
         self.stall_seconds: list[float] = []
         self.last_committed: Manifest | None = None
-        self.resumed_from: int | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._snapshots = (_Snapshot(), _Snapshot())
@@ -126,8 +125,11 @@ class AsyncCheckpointer:
             if manifest is None:  # not rank 0: rank 0 commits
                 return
             self.last_committed = manifest
-            protect = [] if self.resumed_from is None else [self.resumed_from]
-            self.manager.apply_retention(protect=protect)
+            # Nothing is protected, not even the checkpoint this attempt resumed from
+            # (often the one committed on preemption): it counts toward keep_last like
+            # any other, and a restart resumes from the newer one just committed,
+            # which retention never deletes.
+            self.manager.apply_retention()
             log.info("tideflow: checkpoint step %d committed: %s", step, manifest.uri)
             if self.on_commit is not None:
                 self.on_commit(manifest)
@@ -173,7 +175,6 @@ class AsyncCheckpointer:
             if self.dist.rank < written_by
             else {}
         )
-        self.resumed_from = manifest.step
         self.last_committed = manifest
         return manifest.step, shared, mine
 
