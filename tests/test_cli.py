@@ -174,3 +174,42 @@ def test_every_command_has_help() -> None:
     for name in subcommands:
         done = tideflow(name, "--help")
         assert done.returncode == 0 and "usage: tideflow" in done.stdout, name
+
+
+CLUSTER = (
+    "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: lab}\nnodes:\n"
+    "  - {name: n, count: 2, cpu: 32, accelerators: {class: gpu, model: H100, count: 8}}\n"
+)
+BAD_CLUSTER = (
+    "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: c}\nnodes:\n  - {name: n, cpu: 0}\n"
+)
+
+
+def test_validate_cluster_alone_checks_just_the_cluster_file(tmp_path: Path) -> None:
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    done = tideflow("validate", "--cluster", "cluster.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "cluster file cluster.yaml valid" in done.stdout
+    (tmp_path / "bad.yaml").write_text(BAD_CLUSTER)
+    bad = tideflow("validate", "--cluster", "bad.yaml", cwd=tmp_path)
+    assert bad.returncode == 1
+    assert "bad.yaml:5:20: nodes[0].cpu: 0 is out of range; an integer >= 1" in bad.stderr
+    nothing = tideflow("validate", cwd=tmp_path)
+    assert nothing.returncode == 2
+    assert "name pipeline files or directories, or --cluster FILE" in nothing.stderr
+
+
+def test_validate_directory_checks_a_cluster_file_as_a_cluster_file(
+    tmp_path: Path, repo: Path
+) -> None:
+    (tmp_path / "digits.yaml").write_text((repo / "pipelines" / "digits.yaml").read_text())
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    done = tideflow("validate", ".", "--no-imports", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "2 of 2 file(s) valid (1 pipeline, 1 cluster)" in done.stdout
+    (tmp_path / "cluster.yaml").write_text(BAD_CLUSTER)
+    bad = tideflow("validate", ".", "--no-imports", cwd=tmp_path)
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("cluster.yaml: 1 problem\n"), bad.stderr
+    assert "cluster.yaml:5:20: nodes[0].cpu: 0 is out of range" in bad.stderr
+    assert "1 of 2 file(s) valid (1 pipeline, 1 cluster)" in bad.stderr

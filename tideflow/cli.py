@@ -19,11 +19,12 @@ from tideflow.compile.dag_plan import compile_dag_plan, topological_order
 from tideflow.compile.templates import exact_param, has_template
 from tideflow.config import Settings
 from tideflow.inventory import Inventory, detect_local, load_cluster
-from tideflow.spec import PipelineSpec, SpecError, SpecIssue, find_pipelines, load_pipeline
+from tideflow.spec import PipelineSpec, SpecError, find_pipelines, load_pipeline
 from tideflow.spec.fields import format_duration
-from tideflow.spec.loader import display_path
+from tideflow.spec.loader import CLUSTER_KIND, display_path, document_kind
 from tideflow.spec.models import ParamSpec
 from tideflow.spec.params import ParamValueError, parse_param_overrides
+from tideflow.steps.validation import CLUSTER_TARGETS, deeper_checks
 
 
 def _inventory(path: str | None) -> Inventory | None:
@@ -34,7 +35,16 @@ def _inventory(path: str | None) -> Inventory | None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    inventory = _inventory(args.cluster)
+    if not args.paths and not args.cluster:
+        print(
+            "tideflow validate: name pipeline files or directories, or --cluster FILE",
+            file=sys.stderr,
+        )
+        return 2
+    inventory = _inventory(args.cluster)  # a broken cluster file: SpecError, exit 1
+    if not args.paths:  # the cluster file alone, as a platform team's CI lints it
+        print(f"cluster file {display_path(Path(args.cluster))} valid")
+        return 0
     files: list[Path] = []
     for raw in args.paths:
         path = Path(raw)
@@ -43,48 +53,36 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{raw}: no pipeline files (*.yaml, *.yml) found", file=sys.stderr)
             return 1
         files.extend(found)
-    failed = 0
-    settings = Settings.from_env()
-    target = args.target or settings.backend
-    for file in files:
-        try:
-            spec = load_pipeline(file, inventory, settings.checkpoint_roots_for)
-        except SpecError as exc:
-            failed += 1
-            print(exc, file=sys.stderr)
-            continue
-        errors, warnings = _deeper_checks(spec, file, imports=args.imports, target=target)
-        for warning in warnings:
-            print(warning, file=sys.stderr)
-        if errors:
-            failed += 1
-            print(SpecError(display_path(file), errors), file=sys.stderr)
-    ok = len(files) - failed
-    print(f"{ok} of {len(files)} pipeline file(s) valid", file=sys.stderr if failed else sys.stdout)
+    clusters = [file for file in files if document_kind(file) == CLUSTER_KIND]
+    failed = sum(not _valid(file, inventory, args, cluster=file in clusters) for file in files)
+    kinds = f"file(s) valid ({len(files) - len(clusters)} pipeline, {len(clusters)} cluster)"
+    what = kinds if clusters else "pipeline file(s) valid"
+    print(
+        f"{len(files) - failed} of {len(files)} {what}", file=sys.stderr if failed else sys.stdout
+    )
     return 1 if failed else 0
 
 
-CLUSTER_TARGETS = ("kubernetes", "argo")
-
-
-def _deeper_checks(
-    spec: PipelineSpec, file: Path, *, imports: bool, target: str
-) -> tuple[list[SpecIssue], list[SpecIssue]]:
-    """What ``validate`` checks beyond the file itself: problems, then warnings.
-
-    Problems: ``module:function`` entry points that do not import with the
-    pipeline's code (``imports``). Warnings, for a cluster ``target``: paths of
-    this machine the steps would carry into pods.
-    """
-    from tideflow.spec.cluster_paths import local_path_warnings
-    from tideflow.spec.yamlpos import load_yaml
-    from tideflow.steps.imports import import_issues
-
-    shown = display_path(file)
-    positions = load_yaml(file.read_text(encoding="utf-8"), shown).positions
-    errors = import_issues(spec, shown, positions) if imports else []
-    warnings = local_path_warnings(spec, shown, positions) if target in CLUSTER_TARGETS else []
-    return errors, sorted(warnings)
+def _valid(
+    file: Path, inventory: Inventory | None, args: argparse.Namespace, *, cluster: bool
+) -> bool:
+    """Validate one file as what it is; print its problems (and warnings)."""
+    settings = Settings.from_env()
+    try:
+        if cluster:
+            load_cluster(file)
+            return True
+        spec = load_pipeline(file, inventory, settings.checkpoint_roots_for)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return False
+    target = args.target or settings.backend
+    errors, warnings = deeper_checks(spec, file, imports=args.imports, target=target)
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    if errors:
+        print(SpecError(display_path(file), errors), file=sys.stderr)
+    return not errors
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -220,7 +218,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     inventory = _inventory(args.cluster)
     pipeline = Path(args.pipeline)
     spec = load_pipeline(pipeline, inventory)
-    _, warnings = _deeper_checks(spec, pipeline, imports=False, target="argo")
+    _, warnings = deeper_checks(spec, pipeline, imports=False, target="argo")
     for warning in warnings:
         print(warning, file=sys.stderr)
     if args.output:
@@ -539,17 +537,19 @@ def _kubernetes_broker(settings: Any, journal: Path) -> tuple[Any, Any, Any, Any
 def _add_validate(sub: Any) -> None:
     validate = sub.add_parser(
         "validate",
-        help="check pipeline files; exit 1 on any error",
-        description="Validate pipeline files or directories of them. "
-        "Every problem of every file is reported as file:line:col. Module entry points "
-        "(module:function, the promotion's builder too) must import here with the "
-        "pipeline's code (code.path); for a cluster target, paths of this machine that "
-        "the steps would carry into pods are warned about.",
+        help="check pipeline and cluster files; exit 1 on any error",
+        description="Validate pipeline files or directories of them, and the cluster files "
+        "(kind: Cluster) among them; with --cluster and no PATH, just that cluster file. "
+        "Every problem is reported as file:line:col. Module entry points (module:function, "
+        "the promotion's builder too) must import here with the pipeline's code (code.path); "
+        "for a cluster target, paths of this machine the steps would carry into pods are "
+        "warned about.",
     )
-    validate.add_argument("paths", nargs="+", metavar="PATH")
+    validate.add_argument("paths", nargs="*", metavar="PATH")
     validate.add_argument(
         "--cluster",
-        help="cluster inventory file for the gang-fit check (default: $TIDEFLOW_CLUSTER_FILE)",
+        help="cluster file for the gang-fit check, or to validate alone (no PATH) "
+        "(default for the check: $TIDEFLOW_CLUSTER_FILE)",
     )
     validate.add_argument(
         "--target",

@@ -166,6 +166,26 @@ def load_pipeline(
     return load_model(path, PipelineSpec, inventory, store_roots)
 
 
+CLUSTER_KIND = "Cluster"
+
+
+def document_kind(path: str | os.PathLike[str]) -> str:
+    """``Cluster`` for a cluster file, else ``Pipeline``: what a spec file says it is.
+
+    A file says so with its top-level ``kind:``; without either kind, top-level
+    ``nodes`` and no ``steps`` is a cluster file's shape. A file that cannot be read or
+    parsed counts as a pipeline, so its problems are reported as before.
+    """
+    text, _ = _read(Path(path))
+    data = load_yaml(text, display_path(Path(path))).data if text is not None else None
+    if not isinstance(data, dict):
+        return "Pipeline"
+    kind = data.get("kind")
+    if kind in (CLUSTER_KIND, "Pipeline"):
+        return str(kind)
+    return CLUSTER_KIND if "nodes" in data and "steps" not in data else "Pipeline"
+
+
 def find_pipelines(directory: str | os.PathLike[str]) -> list[Path]:
     """Pipeline files under ``directory``, sorted; files starting with '_' or '.' are skipped.
 
