@@ -213,3 +213,48 @@ def test_validate_directory_checks_a_cluster_file_as_a_cluster_file(
     assert bad.stderr.startswith("cluster.yaml: 1 problem\n"), bad.stderr
     assert "cluster.yaml:5:20: nodes[0].cpu: 0 is out of range" in bad.stderr
     assert "1 of 2 file(s) valid (1 pipeline, 1 cluster)" in bad.stderr
+
+
+PRIORITY_CLUSTER = """\
+apiVersion: tideflow/v1
+kind: Cluster
+metadata: {name: prio}
+nodes:
+  - {name: h100, count: 2, cpu: 64, accelerators: {class: gpu, model: H100, count: 8}}
+priority_classes:
+  - {name: high, value: 500}
+  - {name: batch, value: 0}
+teams:
+  - name: vision
+    quota: [{device: gpu, model: H100, nominal: 8}]
+    priority_classes: [high, batch]
+    default_priority_class: batch
+"""
+
+
+def gang_pipeline(tmp_path: Path, named: str) -> None:
+    (tmp_path / "p.yaml").write_text(
+        f"apiVersion: tideflow/v1\nkind: Pipeline\nmetadata: {{name: p, team: vision{named}}}\n"
+        "steps:\n  - name: train\n    gang_training:\n      entrypoint: m:f\n"
+        "      workers: 1\n      priority: 5\n      device: {class: gpu, model: H100}\n"
+    )
+
+
+def test_plan_shows_the_priority_class_of_gang_steps(tmp_path: Path) -> None:
+    (tmp_path / "cluster.yaml").write_text(PRIORITY_CLUSTER)
+    gang_pipeline(tmp_path, ", priority_class: high")
+    named = tideflow("plan", "p.yaml", "--cluster", "cluster.yaml", cwd=tmp_path)
+    assert named.returncode == 0, named.stderr
+    assert "     priority: class high (params.priority_class), value 500\n" in named.stdout
+    assert '  priority_class: string = "high"\n' in named.stdout  # the param a run may set
+    alone = tideflow("plan", "p.yaml", cwd=tmp_path)
+    assert "     priority: class high (params.priority_class)\n" in alone.stdout
+
+    gang_pipeline(tmp_path, "")
+    default = tideflow("plan", "p.yaml", "--cluster", "cluster.yaml", cwd=tmp_path)
+    assert "     priority: class batch (team vision's default), value 0\n" in default.stdout
+    unknown = tideflow("plan", "p.yaml", cwd=tmp_path)
+    assert (
+        "     priority: 5 (the step's own, unless the cluster file gives team vision "
+        "a default class)\n"
+    ) in unknown.stdout

@@ -18,12 +18,18 @@ from tideflow import __version__
 from tideflow.compile.dag_plan import compile_dag_plan, topological_order
 from tideflow.compile.templates import exact_param, has_template
 from tideflow.config import Settings
+from tideflow.gangs.priority import gang_priority
 from tideflow.inventory import Inventory, detect_local, load_cluster
 from tideflow.spec import PipelineSpec, SpecError, find_pipelines, load_pipeline
 from tideflow.spec.fields import format_duration
 from tideflow.spec.loader import CLUSTER_KIND, display_path, document_kind
-from tideflow.spec.models import ParamSpec
-from tideflow.spec.params import ParamValueError, parse_param_overrides
+from tideflow.spec.params import (
+    ParamValueError,
+    literal,
+    param_summary,
+    parse_param_overrides,
+    run_params,
+)
 from tideflow.steps.validation import CLUSTER_TARGETS, deeper_checks
 
 
@@ -96,11 +102,6 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _literal(value: Any) -> str:
-    """A value as the pipeline file would spell it: 2, 0.05, "adam", true, null."""
-    return json.dumps(value, default=str)
-
-
 def _at_default(value: Any, spec: PipelineSpec) -> tuple[str, Any]:
     """A field as a run gets it by default, and that value (None when only a run knows it).
 
@@ -112,22 +113,8 @@ def _at_default(value: Any, spec: PipelineSpec) -> tuple[str, Any]:
     name = exact_param(value)
     if name is not None and name in spec.params:
         default = spec.params[name].default
-        return f"{_literal(default)} (params.{name})", default
+        return f"{literal(default)} (params.{name})", default
     return f"{value} (rendered when the run starts)", None
-
-
-def _param_summary(param: ParamSpec) -> str:
-    def number(value: float) -> str:
-        return str(int(value)) if param.type == "int" and value.is_integer() else str(value)
-
-    text = f"{param.type} = {_literal(param.default)}"
-    if param.minimum is not None:
-        text += f", minimum {number(param.minimum)}"
-    if param.maximum is not None:
-        text += f", maximum {number(param.maximum)}"
-    if param.values is not None:
-        text += ", one of " + ", ".join(_literal(value) for value in param.values)
-    return text
 
 
 def _gang_summary(config: dict[str, Any], spec: PipelineSpec, inventory: Inventory | None) -> str:
@@ -161,10 +148,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         where = f"package {spec.code.package}" if spec.code.package else f"{plan.code_path}"
         inside = f" (in the image: {spec.code.image_path})" if spec.code.image_path else ""
         print(f"code: {where}{inside}")
-    if spec.params:
+    params = run_params(spec)  # the ones a run may set: priority_class too, where named
+    if params:
         print("params:")
-        for name, param in spec.params.items():
-            print(f"  {name}: {_param_summary(param)}")
+        for name, param in params.items():
+            print(f"  {name}: {param_summary(param)}")
     print("steps, in order:")
     for index, task in enumerate(topological_order(plan), start=1):
         needs = ", ".join(task.upstream) or "-"
@@ -180,6 +168,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"     resources: cpu {res['cpu']}, memory {res['memory']}")
         elif task.kind == "gang_training":
             print(f"     gang: {_gang_summary(config, spec, inventory)}")
+            print(f"     priority: {gang_priority(plan, task, inventory)}")
             res = config.get("resources") or {}
             if res.get("cpu") is not None or res.get("memory") is not None:
                 asked = [f"{k} {res[k]}" for k in ("cpu", "memory") if res.get(k) is not None]

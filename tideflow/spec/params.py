@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -86,3 +87,24 @@ def parse_param_overrides(spec: PipelineSpec, pairs: list[str]) -> dict[str, Any
             raise ParamValueError(f"unknown param '{name}'; {hint}declared params: {known}")
         values[name] = _coerce(name, accepted[name], text)
     return values
+
+
+def literal(value: Any) -> str:
+    """A value as the pipeline file would spell it: 2, 0.05, "adam", true, null."""
+    return json.dumps(value, default=str)
+
+
+def param_summary(param: ParamSpec) -> str:
+    """A param as ``tideflow plan`` lists it: ``float = 0.001, minimum 1e-06``."""
+
+    def number(value: float) -> str:
+        return str(int(value)) if param.type == "int" and value.is_integer() else str(value)
+
+    text = f"{param.type} = {literal(param.default)}"
+    if param.minimum is not None:
+        text += f", minimum {number(param.minimum)}"
+    if param.maximum is not None:
+        text += f", maximum {number(param.maximum)}"
+    if param.values is not None:
+        text += ", one of " + ", ".join(literal(value) for value in param.values)
+    return text
