@@ -182,8 +182,8 @@ def test_broker_settings_name_what_is_missing(
 
     monkeypatch.delenv("TIDEFLOW_BROKER_PER_GPU_RPS")
     assert main(["broker", "run", "--once"]) == 2
-    assert "TIDEFLOW_BROKER_PER_GPU_RPS must be > 0" in capsys.readouterr().err
+    assert "TIDEFLOW_BROKER_PER_GPU_RPS (unset): accepted: a number > 0" in capsys.readouterr().err
     monkeypatch.setenv("TIDEFLOW_BROKER_NODE_GPUS", "eight")
     monkeypatch.setenv("TIDEFLOW_BROKER_PER_GPU_RPS", "10")
     assert main(["broker", "run", "--once"]) == 2
-    assert "'NODE_GPUS': 'eight'" in capsys.readouterr().err
+    assert "TIDEFLOW_BROKER_NODE_GPUS='eight': accepted: a whole number" in capsys.readouterr().err

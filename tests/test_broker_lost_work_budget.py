@@ -168,7 +168,7 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (config.lost_work_budget, config.stop_cost_s) == (None, 120.0)
     for name, bad, says in (
         ("LOST_WORK_BUDGET", "1.5", "within (0, 1)"),
-        ("LOST_WORK_BUDGET", "lots", "must be numbers"),
+        ("LOST_WORK_BUDGET", "lots", "LOST_WORK_BUDGET='lots': accepted: a share"),
         ("STOP_COST_S", "-1", "seconds >= 0"),
     ):
         monkeypatch.setenv(f"TIDEFLOW_BROKER_{name}", bad)

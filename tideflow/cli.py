@@ -2,7 +2,7 @@
 
 Errors in user input are printed as ``file:line:col: field: problem; accepted``
 and never as a Python traceback. Exit codes: 0 success, 1 invalid input or a
-failed pipeline run, 2 usage errors (argparse).
+failed pipeline run, 2 usage (argparse) and configuration errors (``ConfigError``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from tideflow import __version__
 from tideflow.compile.dag_plan import compile_dag_plan, topological_order
 from tideflow.compile.templates import exact_param, has_template
-from tideflow.config import Settings
+from tideflow.config import ConfigError, Settings
 from tideflow.gangs.priority import gang_priority
 from tideflow.inventory import Inventory, detect_local, load_cluster
 from tideflow.spec import PipelineSpec, SpecError, find_pipelines, load_pipeline
@@ -450,11 +450,7 @@ def cmd_broker_run(args: argparse.Namespace) -> int:
     from tideflow.broker.service import BrokerSettings, open_local, rebalance_once
     from tideflow.config import Settings
 
-    try:
-        settings = BrokerSettings.from_env()
-    except ValueError as exc:
-        print(f"tideflow broker run: {exc}", file=sys.stderr)
-        return 2
+    settings = BrokerSettings.from_env()  # a setting it cannot use: ConfigError, exit 2
     if settings is None:
         print(
             "tideflow broker run: set TIDEFLOW_BROKER_LOAD (trace:PATH.csv, "
@@ -809,6 +805,9 @@ def main(argv: list[str] | None = None) -> int:
     except ParamValueError as exc:
         print(f"tideflow: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:  # a setting, named with its value and what is accepted
+        print(f"tideflow {args.command}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

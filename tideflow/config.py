@@ -6,13 +6,59 @@ artifacts go, which MLflow server, which cluster inventory) is configuration.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 
+class ConfigError(ValueError):
+    """A setting that cannot be used: an environment variable, a cluster file, a flag,
+    a server it names. Its message names the setting, the value and what is accepted;
+    the CLI prints it and exits 2, never with a traceback (a ValueError still, so that
+    callers catching those keep working)."""
+
+
+def bad_setting(name: str, value: str | None, accepted: str, why: str = "") -> ConfigError:
+    """``NAME='value': why; accepted: ...`` (``NAME (unset)`` when it is not set)."""
+    shown = f"{name} (unset)" if value is None else f"{name}={value!r}"
+    return ConfigError(f"{shown}: {why + '; ' if why else ''}accepted: {accepted}")
+
+
+def env_number(
+    name: str,
+    default: str | None,
+    accepted: str,
+    ok: Callable[[float], bool] = lambda _: True,
+    *,
+    whole: bool = False,
+) -> float:
+    """The environment variable ``name`` (``default`` when unset) as a finite number
+    that ``ok`` accepts, a whole one when ``whole``; else ``ConfigError`` naming it."""
+    text = os.environ.get(name, default)
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or (whole and not value.is_integer()) or not ok(value):
+        raise bad_setting(name, os.environ.get(name), accepted)
+    return int(value) if whole else value
+
+
 def _home() -> Path:
-    return Path(os.environ.get("TIDEFLOW_HOME", Path.cwd() / ".tideflow")).resolve()
+    text = os.environ.get("TIDEFLOW_HOME")
+    home = Path(Path.cwd() / ".tideflow" if text is None else text).resolve()
+    # the state files are made under it: a file on its path would fail there, later
+    existing = next(p for p in (home, *home.parents) if p.exists())
+    if not existing.is_dir():
+        raise bad_setting(
+            "TIDEFLOW_HOME",
+            text,
+            "a directory, or a path one can be made at",
+            f"{existing} is a file",
+        )
+    return home
 
 
 BACKENDS = ("local", "kubernetes")
@@ -28,7 +74,7 @@ EXIT_HUNG = 77
 def _backend() -> str:
     backend = os.environ.get("TIDEFLOW_BACKEND", "local")
     if backend not in BACKENDS:
-        raise ValueError(f"TIDEFLOW_BACKEND={backend!r}: accepted: {', '.join(BACKENDS)}")
+        raise bad_setting("TIDEFLOW_BACKEND", backend, ", ".join(BACKENDS))
     return backend
 
 

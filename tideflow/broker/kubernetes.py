@@ -271,6 +271,10 @@ class KubernetesActuator:
     def total_gpus(self) -> int:
         return sum(self._gpus(n) for n in self.gpu_nodes())
 
+    def node_sizes(self) -> dict[str, int]:
+        """Each selected node's allocatable GPUs, nodes with none left out."""
+        return {n.metadata.name: self._gpus(n) for n in self.gpu_nodes() if self._gpus(n)}
+
     def inference_gpus(self) -> int:
         return sum(self._gpus(n) for n in self.gpu_nodes() if self._pool(n) == "inference")
 

@@ -28,9 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from tideflow.config import ConfigError
 
-class LoadSourceError(ValueError):
-    """Bad input to a load source, located (file and line, or URL) and explained."""
+
+class LoadSourceError(ConfigError):
+    """Bad input to a load source, located (file and line, or URL) and explained: a
+    setting (``TIDEFLOW_BROKER_LOAD``, a flag) the broker cannot use."""
 
 
 @dataclass(frozen=True)

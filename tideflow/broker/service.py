@@ -1,4 +1,6 @@
-"""One broker step (observe -> forecast -> decide -> act -> record), and its settings.
+"""One broker step (observe -> forecast -> decide -> act -> record).
+
+Its settings are read and checked in ``tideflow.broker.settings``.
 
 The Airflow ``RebalanceOperator``, the ``InferenceLoadSensor``'s trigger and
 ``tideflow broker run`` all call these functions: the same policy, the same
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -19,21 +20,14 @@ from typing import Any, Protocol
 from tideflow.broker.calibrate import LostWorkBudget, SloCalibration, TrainingWork, scaled
 from tideflow.broker.forecast import LoadForecaster, clean_outages
 from tideflow.broker.journal import DecisionJournal, JournalEntry, PreemptionCount
-from tideflow.broker.load import (
-    LoadSample,
-    LoadSource,
-    LoadSourceError,
-    PrometheusLoad,
-    PrometheusSignal,
-    ServedWindow,
-    ServingSignal,
-    SyntheticLatency,
-    SyntheticLoad,
-    TraceLoad,
-)
+from tideflow.broker.load import LoadSample, LoadSource, ServedWindow, ServingSignal
+from tideflow.broker.load import LoadSourceError as LoadSourceError  # noqa: PLC0414 (callers)
 from tideflow.broker.local import LocalActuator
+from tideflow.broker.node_size import local_node_gpus, node_gpus
 from tideflow.broker.policy import Decision, GangView, PolicyConfig, Snapshot, decide
+from tideflow.broker.settings import BrokerSettings, latency_source_from, load_source_from
 from tideflow.broker.throughput import Served, Throughput, ThroughputLearner, recorded
+from tideflow.config import ConfigError, bad_setting
 
 
 class Actuator(Protocol):
@@ -74,77 +68,6 @@ BUDGET_S = 7 * 86400.0  # the past span whose lost and trained GPU-time the budg
 # replicas serve only after they start: a window counts only when inference held the
 # same GPUs through it and this long before it.
 LATENCY_SETTLE_S = 900.0
-
-
-class PeriodicTrace:
-    """A trace replayed on the wall clock, repeating (t=0 of the trace is a midnight)."""
-
-    def __init__(self, trace: TraceLoad) -> None:
-        self.trace = trace
-        self.window_s = trace.window_s
-        self.period_s = trace.end_s - trace.start_s
-        self._rates = {round(s.start_s): s.rate for s in trace.samples(trace.start_s, trace.end_s)}
-
-    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
-        step = self.window_s
-        first = math.ceil(start_s / step) * step
-        count = max(0, math.ceil((end_s - first) / step))
-        grid = [first + i * step for i in range(count)]
-        return [
-            LoadSample(t, self._rates.get(round(self.trace.start_s + t % self.period_s)))
-            for t in grid
-        ]
-
-
-def load_source_from(spec: str) -> LoadSource:
-    """``trace:PATH`` (replayed on the clock), ``prometheus:URL|QUERY``, ``synthetic:RPS``."""
-    kind, _, value = spec.partition(":")
-    if kind == "trace" and value:
-        return PeriodicTrace(TraceLoad(value))
-    if kind == "prometheus" and "|" in value:
-        url, _, query = value.partition("|")
-        return PrometheusLoad(url, query)
-    if kind == "synthetic":
-        mean, _, day = value.partition("@")
-        try:
-            day_s = float(day) if day else 86400.0
-            if day_s >= 144:
-                return SyntheticLoad(
-                    mean_rps=float(mean or 1000), day_s=day_s, window_s=day_s / 144
-                )
-        except ValueError:
-            pass
-    raise LoadSourceError(
-        f"TIDEFLOW_BROKER_LOAD={spec!r}: use trace:PATH.csv, prometheus:URL|QUERY "
-        "or synthetic:MEAN_RPS[@DAY_S] (a day of DAY_S >= 144 seconds, for demos)"
-    )
-
-
-LATENCY_FORMS = (
-    "prometheus:URL|QUERY (the latency at the SLO's percentile, or the share of "
-    "requests over the latency target, per window) or synthetic:CAPACITY_RPS (a model "
-    "of the serving side whose true per-GPU throughput is CAPACITY_RPS, for demos)"
-)
-
-
-def latency_source_from(spec: str, window_s: float, slo_s: float) -> ServingSignal:
-    """``prometheus:URL|QUERY`` or ``synthetic:CAPACITY_RPS`` (``TIDEFLOW_BROKER_LATENCY``)."""
-    kind, _, value = spec.partition(":")
-    if kind == "prometheus" and "|" in value:
-        url, _, query = value.partition("|")
-        if url and query:
-            return PrometheusSignal(url, query, window_s=window_s)
-    if kind == "synthetic":
-        try:
-            capacity = float(value)
-        except ValueError:
-            capacity = 0.0
-        if capacity > 0 and math.isfinite(capacity) and slo_s > 0:
-            return SyntheticLatency(capacity, slo_s=slo_s, window_s=window_s)
-    raise LoadSourceError(
-        f"TIDEFLOW_BROKER_LATENCY={spec!r}: use {LATENCY_FORMS}"
-        + ("; synthetic needs TIDEFLOW_BROKER_LATENCY_SLO_S" if kind == "synthetic" else "")
-    )
 
 
 @dataclass(frozen=True)
@@ -189,124 +112,13 @@ def on_the_loads_clock(config: PolicyConfig, load: LoadSource) -> PolicyConfig:
     )
 
 
-@dataclass(frozen=True)
-class BrokerSettings:
-    load: str
-    per_gpu_rps: float
-    node_gpus: int = 8
-    device_class: str = "gpu"
-    min_inference_gpus: int = 0
-    grace_s: float = 300.0
-    latency: str = ""  # a latency source: learn the per-GPU throughput ("" : configured)
-    latency_slo_s: float = 0.0  # the source gives seconds at the SLO's percentile
-    latency_slo_share: float = 0.0  # the source gives the share of requests over target
-    lost_work_budget: float | None = 0.01  # share of training GPU-time stops may cost
-    stop_cost_s: float = 360.0  # per GPU stopped: its checkpoint on notice and restart
-
-    @classmethod
-    def from_env(cls) -> BrokerSettings | None:
-        """None when no broker is configured (TIDEFLOW_BROKER_LOAD unset)."""
-        load = os.environ.get("TIDEFLOW_BROKER_LOAD")
-        if not load:
-            return None
-        values: dict[str, str] = {}
-        try:
-            for name, default in (
-                ("PER_GPU_RPS", ""),
-                ("NODE_GPUS", "8"),
-                ("MIN_INFERENCE_GPUS", "0"),
-                ("GRACE_S", "300"),
-                ("LOST_WORK_BUDGET", "0.01"),
-                ("STOP_COST_S", "360"),
-            ):
-                values[name] = os.environ.get(f"TIDEFLOW_BROKER_{name}", default)
-            settings = cls(
-                load=load,
-                per_gpu_rps=float(values["PER_GPU_RPS"] or 0),
-                node_gpus=int(values["NODE_GPUS"]),
-                device_class=os.environ.get("TIDEFLOW_BROKER_DEVICE_CLASS", "gpu"),
-                min_inference_gpus=int(values["MIN_INFERENCE_GPUS"]),
-                grace_s=float(values["GRACE_S"]),
-                lost_work_budget=_share_or_none(values["LOST_WORK_BUDGET"]),
-                stop_cost_s=float(values["STOP_COST_S"]),
-            )
-        except ValueError:
-            raise ValueError(
-                f"tideflow broker settings: TIDEFLOW_BROKER_* must be numbers (got {values})"
-            ) from None
-        if settings.per_gpu_rps <= 0:
-            raise ValueError(
-                "tideflow broker settings: TIDEFLOW_BROKER_PER_GPU_RPS must be > 0 "
-                "(requests/s one inference GPU serves within its latency SLO)"
-            )
-        if settings.lost_work_budget is not None and not 0 < settings.lost_work_budget < 1:
-            raise ValueError(
-                "tideflow broker settings: TIDEFLOW_BROKER_LOST_WORK_BUDGET must be a share "
-                "of training GPU-time within (0, 1), e.g. 0.01, or 'none' for a fixed lend "
-                f"bound (got {values['LOST_WORK_BUDGET']!r})"
-            )
-        if not 0 <= settings.stop_cost_s < math.inf:
-            raise ValueError(
-                "tideflow broker settings: TIDEFLOW_BROKER_STOP_COST_S must be seconds >= 0 "
-                f"(got {values['STOP_COST_S']!r})"
-            )
-        return replace(settings, **latency_settings_from_env())
-
-    @property
-    def latency_slo(self) -> float:
-        return self.latency_slo_s or self.latency_slo_share
-
-
-def _share_or_none(text: str) -> float | None:
-    return None if text.strip().lower() == "none" else float(text)
-
-
-def latency_settings_from_env() -> dict[str, Any]:
-    """``TIDEFLOW_BROKER_LATENCY`` and its SLO (exactly one of ``_SLO_S``, ``_SLO_SHARE``)."""
-    spec = os.environ.get("TIDEFLOW_BROKER_LATENCY", "")
-    limits: dict[str, float] = {}
-    for name, field_name, accepted, most in (
-        ("LATENCY_SLO_S", "latency_slo_s", "seconds > 0", math.inf),
-        ("LATENCY_SLO_SHARE", "latency_slo_share", "a share within (0, 1)", 1.0),
-    ):
-        text = os.environ.get(f"TIDEFLOW_BROKER_{name}", "")
-        if not text:
-            continue
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and 0 < value < most):
-            raise ValueError(
-                f"tideflow broker settings: TIDEFLOW_BROKER_{name}={text!r} must be {accepted}"
-            )
-        limits[field_name] = value
-    if not spec:
-        if limits:
-            raise ValueError(
-                "tideflow broker settings: "
-                + " and ".join(f"TIDEFLOW_BROKER_{n.upper()}" for n in limits)
-                + f" set without TIDEFLOW_BROKER_LATENCY ({LATENCY_FORMS})"
-            )
-        return {}
-    if len(limits) != 1:
-        raise ValueError(
-            f"tideflow broker settings: TIDEFLOW_BROKER_LATENCY={spec!r} needs exactly one "
-            "of TIDEFLOW_BROKER_LATENCY_SLO_S (the source gives the latency in seconds at "
-            "the SLO's percentile) or TIDEFLOW_BROKER_LATENCY_SLO_SHARE (the source gives "
-            "the share of requests over the latency target)"
-        )
-    latency_source_from(spec, 60.0, limits.get("latency_slo_s", 0.0))  # its form, checked now
-    return {"latency": spec, **limits}
-
-
 def served(settings: BrokerSettings, load: LoadSource) -> LoadSource:
     """The load, with the latency source beside it when one is set."""
     if not settings.latency:
         return load
     if not (settings.latency_slo_s > 0) ^ (settings.latency_slo_share > 0):
-        raise ValueError(
-            f"tideflow broker settings: latency {settings.latency!r} needs exactly one of "
+        raise ConfigError(
+            f"latency {settings.latency!r} needs exactly one of "
             "latency_slo_s (TIDEFLOW_BROKER_LATENCY_SLO_S) or latency_slo_share "
             "(TIDEFLOW_BROKER_LATENCY_SLO_SHARE) > 0"
         )
@@ -314,11 +126,15 @@ def served(settings: BrokerSettings, load: LoadSource) -> LoadSource:
     return ServedLoad(load, signal, settings.latency_slo)
 
 
-def policy_config(settings: BrokerSettings, total_gpus: int) -> PolicyConfig:
+def policy_config(
+    settings: BrokerSettings, total_gpus: int, node: int | None = None
+) -> PolicyConfig:
+    """The policy's configuration from the settings, with ``node`` GPUs per node (the
+    settings' own when not given, else 8)."""
     return PolicyConfig(
         total_gpus=total_gpus,
         per_gpu_rps=settings.per_gpu_rps,
-        node_gpus=settings.node_gpus,
+        node_gpus=node or settings.node_gpus or 8,
         min_inference_gpus=settings.min_inference_gpus,
         headroom=0.05,
         lead_s=600.0,
@@ -530,29 +346,31 @@ def within_inference_quota(
 ) -> PolicyConfig:
     """The policy's bounds when the broker is inference's tenant (``tideflow.broker.tenant``).
 
-    The decision then moves within inference's declared nominal quota in whole nodes,
-    and never below what the actuator keeps anyway (``least_gpus``: on a cluster, the
-    part of the quota inference's rules let nobody borrow), so that the journal records
-    what is held rather than a number the actuator would correct.
+    The decision then moves within inference's declared nominal quota in whole nodes
+    (of ``config.node_gpus``), and never below what the actuator keeps anyway
+    (``least_gpus``: on a cluster, the part of the quota inference's rules let nobody
+    borrow), so that the journal records what is held rather than a number the
+    actuator would correct.
     """
     if not actuator.tenant:
         return config
-    node = settings.node_gpus
+    node = config.node_gpus
     most = actuator.capacity() // node * node
     if most == 0:
         # A quota declared only for another model, or below one node, would cap the
         # broker at nothing and hand every inference node to training.
-        raise ValueError(
+        raise ConfigError(
             f"tideflow broker: team inference's {settings.device_class} quota in the "
             f"cluster file holds no whole node of {node} GPU(s) for the devices the broker "
             f"moves (quota {actuator.capacity()}); declare inference a quota of at least "
             f"{node} for the class, or for the model of the pool's nodes"
         )
     if most < settings.min_inference_gpus:
-        raise ValueError(
+        raise ConfigError(
             f"tideflow broker: team inference's {settings.device_class} quota in the "
             f"cluster file holds {most} GPU(s) in whole nodes of {node}, below the "
-            f"broker's min_inference_gpus {settings.min_inference_gpus}"
+            f"broker's min_inference_gpus {settings.min_inference_gpus} "
+            "(TIDEFLOW_BROKER_MIN_INFERENCE_GPUS)"
         )
     least = min(most, -(-actuator.least_gpus() // node) * node)
     return replace(
@@ -562,32 +380,63 @@ def within_inference_quota(
     )
 
 
+def checked_policy(settings: BrokerSettings, total: int, node: int) -> PolicyConfig:
+    """``policy_config``, its refusals ``ConfigError`` naming the variables behind them."""
+    if settings.min_inference_gpus > total:
+        raise bad_setting(
+            "TIDEFLOW_BROKER_MIN_INFERENCE_GPUS",
+            str(settings.min_inference_gpus),
+            f"a whole number within 0..{total}",
+            f"the broker moves {total} {settings.device_class} devices",
+        )
+    try:
+        return policy_config(settings, total, node)
+    except ValueError as exc:  # a node size that does not divide the total, say
+        raise ConfigError(f"{exc} (from TIDEFLOW_BROKER_* and the nodes)") from None
+
+
 def open_local(
     settings: BrokerSettings, ledger_path: Path, journal_path: Path, cluster_file: str | None
 ) -> tuple[LoadSource, LocalActuator, PolicyConfig, DecisionJournal]:
-    """The pieces of a local broker, from its settings and the shared state files."""
-    from tideflow.backends.local import LocalBackend
-    from tideflow.gangs import open_ledger
+    """The pieces of a local broker, from its settings and the shared state files.
 
-    ledger = open_ledger(ledger_path, cluster_file)
-    backend = LocalBackend(ledger_path.parent / "gangs")
-    actuator = LocalActuator(
-        ledger,
-        backend,
-        node_gpus=settings.node_gpus,
-        device_class=settings.device_class,
-        grace_s=settings.grace_s,
-        checkpoint_store=backend.checkpoint_store,
-    )
-    total = actuator.total_gpus()
-    if total == 0:
-        raise ValueError(
-            f"tideflow broker: the inventory has no {settings.device_class} devices "
-            "(set TIDEFLOW_CLUSTER_FILE to a cluster that has them)"
-        )
+    Every setting is checked before the ledger and the journal are opened (created):
+    one the broker cannot use (``ConfigError``) leaves no state behind."""
+    from types import SimpleNamespace
+
+    from tideflow.backends.local import LocalBackend
+    from tideflow.inventory import inventory_for
+    from tideflow.scheduling import LeaseLedger
+    from tideflow.scheduling.quota import Teams
+    from tideflow.spec import SpecError
+
+    try:
+        inventory = inventory_for(cluster_file)
+    except SpecError as exc:  # located in the file; the setting that named it, named too
+        text = str(exc.issues[0]) if len(exc.issues) == 1 else str(exc)
+        raise ConfigError(f"TIDEFLOW_CLUSTER_FILE={cluster_file!r}: {text}") from None
+    node = local_node_gpus(inventory, cluster_file, settings)
     load = served(settings, load_source_from(settings.load))
-    config = on_the_loads_clock(policy_config(settings, total), load)
-    config = within_inference_quota(config, actuator, settings)
+    total = sum(n.devices for n in inventory.nodes if n.device_class == settings.device_class)
+    config = on_the_loads_clock(checked_policy(settings, total, node), load)
+
+    def actuator_on(ledger: Any, backend: LocalBackend | None) -> LocalActuator:
+        return LocalActuator(
+            ledger,
+            backend,
+            node_gpus=node,
+            device_class=settings.device_class,
+            grace_s=settings.grace_s,
+            checkpoint_store=backend.checkpoint_store if backend else None,
+        )
+
+    # inference's quota, read from the inventory alone: what the ledger would say of it
+    unopened = SimpleNamespace(inventory=inventory, teams=Teams.of(inventory))
+    config = within_inference_quota(config, actuator_on(unopened, None), settings)
+    ledger_path.parent.mkdir(parents=True, exist_ok=True)
+    actuator = actuator_on(
+        LeaseLedger(ledger_path, inventory), LocalBackend(ledger_path.parent / "gangs")
+    )
     return load, actuator, config, DecisionJournal(journal_path)
 
 
@@ -595,16 +444,36 @@ def open_kubernetes(
     settings: BrokerSettings, journal_path: Path, api_client: Any
 ) -> tuple[LoadSource, Any, PolicyConfig, DecisionJournal]:
     """The pieces of a broker acting on a cluster (``tideflow.broker.kubernetes``), the
-    objects it moves named by ``TIDEFLOW_K8S_*`` and its teams by ``TIDEFLOW_CLUSTER_FILE``."""
+    objects it moves named by ``TIDEFLOW_K8S_*`` and its teams by ``TIDEFLOW_CLUSTER_FILE``.
+    Its node size is ``TIDEFLOW_BROKER_NODE_GPUS`` when set, else the GPU nodes' own."""
     from tideflow.broker.kubernetes import KubernetesActuator, target_from_env
 
     actuator = KubernetesActuator(
         api_client, target_from_env(), grace_s=settings.grace_s, node_gpus=settings.node_gpus
     )
+    if actuator.node_gpus is None:
+        actuator.node_gpus = _cluster_node_gpus(actuator)
     load = served(settings, load_source_from(settings.load))
-    config = on_the_loads_clock(policy_config(settings, actuator.total_gpus()), load)
+    config = on_the_loads_clock(
+        checked_policy(settings, actuator.total_gpus(), actuator.node_gpus), load
+    )
     config = within_inference_quota(config, actuator, settings)
     return load, actuator, config, DecisionJournal(journal_path)
+
+
+def _cluster_node_gpus(actuator: Any) -> int:
+    """The size of the cluster's GPU nodes, from their allocatable GPUs."""
+    target = actuator.target
+    sizes = actuator.node_sizes()
+    if not sizes:
+        raise bad_setting(
+            "TIDEFLOW_K8S_NODE_SELECTOR",
+            target.node_selector,
+            "a label selector matching the GPU nodes",
+            f"no node it selects has allocatable {target.gpu_resource}",
+        )
+    where = f"the cluster ({target.node_selector})"
+    return node_gpus(sizes, None, actuator.device_class, where)
 
 
 def rebalance_once(

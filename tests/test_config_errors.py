@@ -1,0 +1,164 @@
+"""A setting the CLI cannot use is one message, never a traceback.
+
+Every ``TIDEFLOW_*`` setting a command reads is driven with hostile values (empty,
+non-numeric, zero, negative, huge, not finite, unknown words, paths that do not
+exist or are not what they should be), one at a time on top of a working
+configuration, through the commands that read it, run in-process as ``main(argv)``.
+Either the command works, or it exits 2 with one line naming the variable, no
+traceback, and nothing written to the lease ledger or the broker's journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tideflow.cli import main
+
+CLUSTER = """\
+apiVersion: tideflow/v1
+kind: Cluster
+metadata: {name: lab}
+nodes:
+  - {name: n, count: 8, cpu: 8, accelerators: {class: gpu, model: T4, count: 1}}
+teams:
+  - {name: inference, quota: [{device: gpu, nominal: 4}]}
+  - {name: research, quota: [{device: gpu, nominal: 4}]}
+"""
+HOSTILE = (
+    "",
+    " ",
+    "abc",
+    "0",
+    "-1",
+    "1.5",
+    "1e400",
+    "nan",
+    "-inf",
+    "99999999999999999999",
+    "nomad",
+    "none",
+    "/no/such/path",
+    "{tmp}/a-file",  # a file where a directory or a different file is wanted
+    "{tmp}",  # a directory where a file is wanted
+)
+# what each command reads, besides HOSTILE: values shaped like the setting's own
+BROKER = {
+    "TIDEFLOW_BROKER_LOAD": (
+        "trace:/no/such.csv",
+        "trace:{tmp}/a-file",
+        "trace:{tmp}/binary",
+        "synthetic:-5",
+        "x:y",
+    ),
+    "TIDEFLOW_BROKER_PER_GPU_RPS": (),
+    "TIDEFLOW_BROKER_NODE_GPUS": ("8", "2"),
+    "TIDEFLOW_BROKER_MIN_INFERENCE_GPUS": ("9", "4"),
+    "TIDEFLOW_BROKER_GRACE_S": (),
+    "TIDEFLOW_BROKER_LOST_WORK_BUDGET": ("1",),
+    "TIDEFLOW_BROKER_STOP_COST_S": (),
+    "TIDEFLOW_BROKER_DEVICE_CLASS": ("cpu", "npu", "tpu"),
+    "TIDEFLOW_BROKER_LATENCY": ("prometheus:x", "synthetic:10"),
+    "TIDEFLOW_BROKER_LATENCY_SLO_S": ("5",),
+    "TIDEFLOW_BROKER_LATENCY_SLO_SHARE": ("0.5",),
+    "TIDEFLOW_HOME": (),
+    "TIDEFLOW_BACKEND": ("kubernetes ", "Local"),
+    "TIDEFLOW_CLUSTER_FILE": (),
+}
+COMMANDS = {
+    ("broker", "run", "--dry-run", "--once"): tuple(BROKER),
+    ("gangs",): ("TIDEFLOW_HOME", "TIDEFLOW_BACKEND"),
+    ("usage",): ("TIDEFLOW_HOME", "TIDEFLOW_BACKEND"),
+}
+CASES = [
+    (command, name, value)
+    for command, names in COMMANDS.items()
+    for name in names
+    for value in (*HOSTILE, *BROKER[name])
+]
+
+
+def run(argv: list[str], tmp: Path, env: dict[str, str]) -> tuple[int, str]:
+    """The command as a user runs it, in a working configuration changed by ``env``."""
+    (tmp / "a-file").write_text("start_s,rate_rps\n")
+    (tmp / "binary").write_bytes(b"\xff\xfe\x00")
+    (tmp / "cluster.yaml").write_text(CLUSTER)
+    base = {
+        "TIDEFLOW_HOME": str(tmp / "home"),
+        "TIDEFLOW_CLUSTER_FILE": str(tmp / "cluster.yaml"),
+        "TIDEFLOW_BROKER_LOAD": "synthetic:100",
+        "TIDEFLOW_BROKER_PER_GPU_RPS": "50",
+    }
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp)  # an empty TIDEFLOW_HOME is the working directory
+        for name in (*BROKER, "TIDEFLOW_BROKER_SENSE_S", "TIDEFLOW_BROKER_POLL_S"):
+            mp.delenv(name, raising=False)
+        for name, value in {**base, **env}.items():
+            mp.setenv(name, value)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse's usage errors
+                code = int(exc.code or 0)
+            except Exception as exc:  # what a user would have seen as a traceback
+                return -1, f"Traceback: {type(exc).__name__}: {exc}"
+    return code, out.getvalue()
+
+
+def state_files(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.rglob("*") if p.name in ("leases.db", "broker.db"))
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=st.sampled_from(CASES))
+def test_a_hostile_setting_is_one_message_naming_it(case: tuple[tuple[str, ...], str, str]) -> None:
+    command, name, template = case
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(scratch)
+        value = template.format(tmp=tmp)
+        code, out = run(list(command), tmp, {name: value})
+        assert "Traceback" not in out, (name, value, out)
+        if code == 0:
+            return  # a value the command can use (a budget of none, a zero grace, ...)
+        assert code == 2, (name, value, code, out)
+        assert len(out.strip().splitlines()) == 1, (name, value, out)
+        assert name in out, (name, value, out)
+        assert state_files(tmp) == [], (name, value, out)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("TIDEFLOW_BACKEND", "nomad"),
+        ("TIDEFLOW_CLUSTER_FILE", ""),  # this machine: no GPU for the broker
+        ("TIDEFLOW_BROKER_NODE_GPUS", "0"),
+        ("TIDEFLOW_BROKER_NODE_GPUS", "-1"),
+        ("TIDEFLOW_BROKER_MIN_INFERENCE_GPUS", "9"),
+        ("TIDEFLOW_BROKER_DEVICE_CLASS", "tpu"),
+        ("TIDEFLOW_BROKER_LOAD", "x:y"),
+        ("TIDEFLOW_BROKER_LOAD", "trace:/no/such.csv"),
+        ("TIDEFLOW_BROKER_LOAD", "trace:{tmp}/binary"),
+        ("TIDEFLOW_HOME", "{tmp}/a-file/home"),
+    ],
+)
+def test_the_settings_that_were_tracebacks_are_refused_by_name(
+    tmp_path: Path, name: str, value: str
+) -> None:
+    """Each of these escaped as a traceback from ``tideflow broker run`` (and left a
+    ledger behind, but for the first and the last)."""
+    code, out = run(
+        ["broker", "run", "--dry-run", "--once"], tmp_path, {name: value.format(tmp=tmp_path)}
+    )
+    assert (code, "Traceback" in out, name in out) == (2, False, True), out
+    assert state_files(tmp_path) == []
