@@ -19,7 +19,6 @@ Kueue) admits and places the gang instead of the lease ledger:
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -185,6 +184,7 @@ class GangTrainingOperator(TideflowOperator):
         """Stop the gang (workers, supervisor or cluster object) and free its lease."""
         from tideflow.backends.local import LocalBackend
         from tideflow.gangs import open_ledger
+        from tideflow.gangs.control import stop_gang
 
         if self._on_cluster():
             from tideflow.operators.cluster import cluster_backend
@@ -192,16 +192,8 @@ class GangTrainingOperator(TideflowOperator):
             cluster_backend().cancel(gang_id)
             return f"gang {gang_id} deleted"
         ledger_path, state_dir, cluster = self._paths()
-        backend = LocalBackend(state_dir)
-        if backend.status(gang_id) is not None:
-            backend.cancel(gang_id)
-            with contextlib.suppress(TimeoutError):  # its supervisor kills what is left
-                backend.wait(gang_id, 30.0)
-        ledger = open_ledger(ledger_path, cluster)
-        lease = ledger.lease_for(gang_id)
-        if lease is not None:
-            ledger.release(lease.lease_id)
-        return f"gang {gang_id} stopped and its lease released"
+        # its lease is freed only once none of its processes runs (gangs.control)
+        return stop_gang(gang_id, open_ledger(ledger_path, cluster), LocalBackend(state_dir))
 
     def resume_execution(
         self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
@@ -450,7 +442,7 @@ class GangTrainingOperator(TideflowOperator):
         if event["status"] == "timeout":
             raise AirflowException(self._timed_out_message(self._stop_gang(gang_id)))
         if ledger is not None and lease is not None:
-            ledger.release(lease.lease_id)
+            self._release(gang_id, lease)
         self.log.info(
             "tideflow: gang %s %s after %d restart(s), %.3f device-hours",
             gang_id,
@@ -470,6 +462,22 @@ class GangTrainingOperator(TideflowOperator):
         raise AirflowException(
             f"tideflow: gang {status.state}: {status.message} (restarts: {status.restarts})"
         )
+
+    def _release(self, gang_id: str, lease: Any) -> None:
+        """Free the ended gang's lease, once none of its processes runs: the workers
+        of a supervisor that died outlive it, and are killed first."""
+        from tideflow.backends.local import LocalBackend
+        from tideflow.gangs import open_ledger
+
+        ledger_path, state_dir, cluster = self._paths()
+        if LocalBackend(state_dir).kill(gang_id):
+            open_ledger(ledger_path, cluster).release(lease.lease_id)
+        else:
+            self.log.warning(
+                "tideflow: some processes of gang %s would not die: its lease is kept "
+                "until it expires",
+                gang_id,
+            )
 
     def _outputs(self, context: Context, status: Any) -> dict[str, Any]:
         from tideflow.gangs.outputs import NoCheckpointError, gang_outputs

@@ -18,14 +18,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tideflow.backends import process_groups
+from tideflow.backends.process_groups import KILL_WAIT_S
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
 from tideflow.storage import unique_segment
 
-REQUEST_FILE = "request"  # "cancel" or "preempt": what was last asked of the gang
+REQUEST_FILE = "request"  # "cancel", "preempt" or "force": what was last asked of the gang
 STOPPED_BEFORE_START = {
     "cancel": (GangState.CANCELLED, "cancelled before any worker started"),
     "preempt": (GangState.PREEMPTED, "preempted before any worker started; resumable"),
+    "force": (GangState.PREEMPTED, "forced to stop before any worker started; resumable"),
 }
 
 
@@ -50,6 +53,16 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _gone(pid: int, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for the supervisor ``pid`` to end; whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(process_groups.POLL_S)
+    return True
 
 
 class LocalBackend:
@@ -192,6 +205,30 @@ class LocalBackend:
 
     def preempt(self, gang_id: str) -> None:
         self._signal(gang_id, signal.SIGUSR1, "preempt")
+
+    def force(self, gang_id: str) -> None:
+        """Kill the workers now, without the grace to checkpoint; the gang ends PREEMPTED."""
+        self._signal(gang_id, signal.SIGUSR2, "force")
+
+    def kill(self, gang_id: str, timeout_s: float = KILL_WAIT_S) -> bool:
+        """Stop the gang now and make sure none of its processes runs; True once every
+        one is seen dead (only then may its devices be granted again).
+
+        Its supervisor is asked first (``force``): it kills every worker's process
+        group and ends the gang preempted. A supervisor that is gone, or that has not
+        done so within ``timeout_s``, is killed, and so is every worker process group
+        it recorded (workers outlive their supervisor: each leads its own session).
+        A gang that has ended already is only checked.
+        """
+        pid = self._pid(gang_id)
+        if pid is not None and _alive(pid):
+            self.force(gang_id)
+            if not _gone(pid, timeout_s):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                _gone(pid, timeout_s)
+        left = process_groups.kill_groups(process_groups.recorded(self.gang_dir(gang_id)))
+        return not left and (pid is None or not _alive(pid))
 
     def log_path(self, gang_id: str) -> Path:
         return self.gang_dir(gang_id) / "gang.log"

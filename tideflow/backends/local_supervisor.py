@@ -11,7 +11,13 @@ Exit codes of workers that mean something here:
   76  stopped by the training-health guard: restarting would not help
   77  hung (no progress for hang_timeout; the stacks are in its log): restarted,
       unless the restart hangs at the same step
-Signals to the supervisor: SIGTERM cancels the gang, SIGUSR1 preempts it.
+Signals to the supervisor: SIGTERM cancels the gang, SIGUSR1 preempts it, SIGUSR2
+forces it to stop now (a preemption whose grace is over: its workers are killed,
+and the gang ends preempted, resumable from its newest checkpoint).
+
+Whatever ends an attempt, every worker's whole process group is killed and seen
+dead before the next attempt starts or the gang's lease is given back
+(``tideflow.backends.process_groups``).
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ import uuid
 from pathlib import Path
 from typing import IO
 
+from tideflow.backends import process_groups
 from tideflow.backends.failures import FailureSignature, first_cause, is_deterministic, signature
+from tideflow.backends.process_groups import Group
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
+from tideflow.backends.supervisor_lease import HeldLease
 from tideflow.backends.worker_env import free_port, worker_env
 from tideflow.config import EXIT_HUNG, PROGRESS_FILE_ENV
 
@@ -36,6 +45,8 @@ EXIT_PREEMPTED = 75
 EXIT_UNHEALTHY = 76
 POLL_S = 0.1
 STOP_GRACE_S = 10.0
+# A request is not replaced by a gentler one: a forced stop stays forced.
+_STRENGTH = {"preempt": 1, "preempting": 1, "cancel": 2, "force": 3}
 
 
 class Supervisor:
@@ -46,11 +57,14 @@ class Supervisor:
         self.events: list[str] = []
         self.started_at = time.time()
         self.workers: list[subprocess.Popen[str]] = []
-        self.request: str | None = None  # "cancel" or "preempt"
+        self.request: str | None = None  # "cancel", "preempt" or "force"
+        self.no_grace = False  # the lease was lost while stopping: kill, do not wait
+        self.forced_at: float | None = None  # when a stop without grace killed the workers
+        self.groups: list[Group] = []  # this attempt's workers' process groups
         self.device_seconds = 0.0
         self.attempt_started: float | None = None
-        self.devices = sum(max(1, len(slot.devices)) for slot in self.job.slots)
-        self.next_renewal = 0.0
+        self.devices = self.job.devices_held
+        self.lease = HeldLease(self.job)
         self.log_lock = threading.Lock()
         self.gang_log = open(directory / "gang.log", "a", encoding="utf-8")  # noqa: SIM115
         self.pumps: list[threading.Thread] = []
@@ -103,6 +117,7 @@ class Supervisor:
         attempt = uuid.uuid4().hex  # the receipts of this launch (runtime.gang_commit)
         self.workers = []
         self.pumps = []
+        self.groups = []
         self.attempt_started = time.time()
         for slot in self.job.slots:
             # a progress file left by the last attempt would be read as this one's
@@ -130,6 +145,10 @@ class Supervisor:
             pump.start()
             self.pumps.append(pump)
             self.workers.append(process)
+            self.groups.append(Group.of(process.pid))
+            # recorded as each starts: whoever must stop the gang without this
+            # supervisor finds every group it started
+            process_groups.record(self.directory, self.groups)
         pids = ", ".join(
             f"rank {s.rank}: pid {w.pid}" for s, w in zip(self.job.slots, self.workers, strict=True)
         )
@@ -137,61 +156,55 @@ class Supervisor:
         self.write_status(GangState.RUNNING)
 
     def signal_all(self, signum: int) -> None:
-        for worker in self.workers:
-            if worker.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(worker.pid, signum)
+        # the whole group, also when its leader is gone: what it started may not be
+        process_groups.signal_groups(self.groups, signum)
 
     def stop_all(self, grace_s: float, *, terminate: bool = True) -> None:
-        """Stop every worker; with terminate=False only wait (they are already leaving)."""
+        """Stop every worker; with terminate=False only wait (they are already leaving).
+
+        The workers get ``grace_s`` (cut short by a forced stop), then every group is
+        killed, whatever its leader did, and the attempt ends once all are seen dead.
+        """
         if terminate:
             self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(w.poll() is None for w in self.workers):
+            if self.request == "force" or self.no_grace:
+                break
             time.sleep(POLL_S)
-        self.signal_all(signal.SIGKILL)
+            self.renew_lease()  # the devices stay this gang's until its processes are gone
+        left = process_groups.kill_groups(self.groups, reap=self._reap)
         for worker in self.workers:
             worker.wait()
+        if self.request == "force" or self.no_grace:
+            self.forced_at = time.time()  # the work since the newest checkpoint is lost
+        if left:
+            self.event(
+                "process group(s) "
+                + ", ".join(str(g.pgid) for g in left)
+                + " still have live processes after SIGKILL (stuck in the kernel?)"
+            )
         self._end_attempt()
+
+    def _reap(self) -> None:
+        for worker in self.workers:
+            worker.poll()
 
     def _end_attempt(self) -> None:
         self.device_seconds += self._running_seconds() * self.devices
         self.attempt_started = None
 
-    def _ledger(self) -> object | None:
-        if not (self.job.lease_id and self.job.lease_db):
-            return None
-        from tideflow.inventory import inventory_for
-        from tideflow.scheduling import LeaseLedger
-
-        return LeaseLedger(
-            Path(self.job.lease_db), inventory_for(os.environ.get("TIDEFLOW_CLUSTER_FILE"))
-        )
-
     def renew_lease(self) -> None:
         """The supervisor holds the gang's lease: it lives exactly as long as the gang."""
-        if time.monotonic() < self.next_renewal or self.request == "preempting":
+        if self.lease.renew():
             return
-        self.next_renewal = time.monotonic() + self.job.lease_ttl_s / 3
-        ledger = self._ledger()
-        if ledger is None:
-            return
-        from tideflow.scheduling import LeaseLedger, LeaseLostError
-
-        assert isinstance(ledger, LeaseLedger) and self.job.lease_id
-        try:
-            ledger.renew(self.job.lease_id, self.job.lease_ttl_s)
-        except LeaseLostError:
+        if self.request is None:
             self.event("the gang's lease was lost (expired or taken back): preempting")
             self.request = "preempt"
-
-    def release_lease(self) -> None:
-        ledger = self._ledger()
-        if ledger is not None and self.job.lease_id:
-            from tideflow.scheduling import LeaseLedger
-
-            assert isinstance(ledger, LeaseLedger)
-            ledger.release(self.job.lease_id)
+        elif not self.no_grace:
+            # Its devices may be granted to another gang now: a stop must not wait.
+            self.event("the gang's lease was lost while it was stopping: killing its workers")
+            self.no_grace = True
 
     def _restart_or_fail(self, failed: list[tuple[int, int]]) -> GangState | None:
         """Stop the gang after ``failed``; restart it (None) or end it failed."""
@@ -269,16 +282,50 @@ class Supervisor:
         try:
             return self._run()
         finally:
-            self.release_lease()
+            # Whatever ended it (an error too), no process of the gang may outlive its
+            # lease; one that SIGKILL cannot end keeps the lease until it expires.
+            if not process_groups.kill_groups(self.groups, reap=self._reap):
+                self.lease.release(forced_at=self.forced_at)
 
-    def _run(self) -> GangState:
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "request", "cancel"))
-        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "request", "preempt"))
+    def _ask(self, request: str) -> None:
+        """Take a request unless a stronger one is being carried out."""
+        if _STRENGTH[request] > _STRENGTH.get(self.request or "", 0):
+            self.request = request
+
+    def _listen(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self._ask("cancel"))
+        signal.signal(signal.SIGUSR1, lambda *_: self._ask("preempt"))
+        signal.signal(signal.SIGUSR2, lambda *_: self._ask("force"))
         # A request that came before the handlers were in place (see LocalBackend._signal).
         with contextlib.suppress(FileNotFoundError):
             asked = (self.directory / "request").read_text().strip()
-            if asked in ("cancel", "preempt"):
-                self.request = asked
+            if asked in ("cancel", "preempt", "force"):
+                self._ask(asked)
+
+    def _answer_request(self) -> GangState | None:
+        """Carry out what was asked of the gang; its end state when that ends it."""
+        if self.request == "force" or (self.request == "preempting" and self.no_grace):
+            self.event("forced to stop: killing every worker's process group")
+            self.stop_all(0.0, terminate=False)
+            self.write_status(
+                GangState.PREEMPTED,
+                "forced to stop: still running when its grace to checkpoint ended (or its "
+                "lease was lost); resumable from its newest checkpoint, the work since is lost",
+            )
+            return GangState.PREEMPTED
+        if self.request == "cancel":
+            self.event("cancel requested: stopping all workers")
+            self.stop_all(STOP_GRACE_S)
+            self.write_status(GangState.CANCELLED, "cancelled on request")
+            return GangState.CANCELLED
+        if self.request == "preempt":
+            self.request = "preempting"
+            self.event("preemption requested: asking workers to checkpoint and exit")
+            self.signal_all(signal.SIGTERM)
+        return None
+
+    def _run(self) -> GangState:
+        self._listen()
         if self.job.emulated:
             self.event(
                 f"this machine has no {self.job.device_class.upper()}: the workers run "
@@ -288,18 +335,12 @@ class Supervisor:
         while True:
             time.sleep(POLL_S)
             self.renew_lease()
-            if self.request == "cancel":
-                self.event("cancel requested: stopping all workers")
-                self.stop_all(STOP_GRACE_S)
-                self.write_status(GangState.CANCELLED, "cancelled on request")
-                return GangState.CANCELLED
-            if self.request == "preempt":
-                self.request = "preempting"
-                self.event("preemption requested: asking workers to checkpoint and exit")
-                self.signal_all(signal.SIGTERM)
+            answered = self._answer_request()
+            if answered is not None:
+                return answered
             codes = [w.poll() for w in self.workers]
             if all(code == 0 for code in codes):
-                self._end_attempt()
+                self.stop_all(0.0, terminate=False)  # what the workers left running
                 self.event("all workers finished")
                 self.write_status(GangState.SUCCEEDED)
                 return GangState.SUCCEEDED

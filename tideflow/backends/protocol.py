@@ -73,6 +73,11 @@ class GangJob:
     def workers(self) -> int:
         return len(self.slots)
 
+    @property
+    def devices_held(self) -> int:
+        """The devices its workers hold (a worker without any holds its CPU slot)."""
+        return sum(max(1, len(slot.devices)) for slot in self.slots)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 

@@ -36,7 +36,7 @@ from tideflow.broker.policy import Decision, GangView
 from tideflow.broker.tenant import INFERENCE_PRIORITY, capped, ceiling, governs_inference
 from tideflow.broker.tenant import INFERENCE_TEAM as INFERENCE_TEAM  # noqa: PLC0414 (tideflow.ui)
 from tideflow.checkpoint.recency import work_at_risk_since, work_lost_at
-from tideflow.gangs.evictions import enforce_evictions
+from tideflow.gangs.evictions import enforce_evictions, kill_gang, left_nothing
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
 INFERENCE_PREFIX = "broker/inference/"
@@ -213,7 +213,7 @@ class LocalActuator:
         if self.backend is None:
             return True
         status = self.backend.status(gang_id)
-        return status is None or status.state.finished
+        return (status is None or status.state.finished) and left_nothing(self.backend, gang_id)
 
     def _take_back(self, gang_id: str, *, forced: bool = False) -> None:
         lease = self.ledger.lease_for(gang_id)
@@ -270,9 +270,9 @@ class LocalActuator:
                 break
             if self.clock() >= deadline:
                 for gang_id in waiting:  # out of grace: stop it now, lose its uncommitted work
-                    if self.backend is not None:
-                        self.backend.cancel(gang_id)
-                    self._take_back(gang_id, forced=True)
+                    # its devices are taken back only once none of its processes runs
+                    if self.backend is None or kill_gang(self.backend, gang_id):
+                        self._take_back(gang_id, forced=True)
                     forced.append(gang_id)
                 waiting.clear()
                 while self.inference_gpus() < target and self._reserve_one(self._free_index()):

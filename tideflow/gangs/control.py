@@ -68,17 +68,26 @@ def gang_rows(ledger: LeaseLedger, backend: LocalBackend) -> list[GangRow]:
 
 
 def stop_gang(gang_id: str, ledger: LeaseLedger, backend: LocalBackend) -> str:
-    """Cancel the gang, wait for its workers to stop, free its lease and its queue place."""
+    """Cancel the gang, wait for its workers to stop, free its lease and its queue place.
+
+    The lease is freed only once none of the gang's processes runs: what its
+    supervisor did not stop in time (or left, having died) is killed first.
+    """
     status = backend.status(gang_id)
     if status is not None and not status.state.finished:
         backend.cancel(gang_id)
         with contextlib.suppress(TimeoutError):  # its supervisor kills what is left
             status = backend.wait(gang_id, STOP_WAIT_S)
+    dead = backend.kill(gang_id)
+    if status is not None and not status.state.finished:
+        status = backend.status(gang_id)
     lease = ledger.lease_for(gang_id)
-    if lease is not None:
+    if lease is not None and dead:
         ledger.release(lease.lease_id)
     ledger.forget(gang_id)
     state = "no process" if status is None else str(status.state)
+    if not dead:
+        return f"gang {gang_id}: {state}; some of its processes would not die: lease kept"
     return f"gang {gang_id}: {state}; lease {'released' if lease else 'none'}"
 
 

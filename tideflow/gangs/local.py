@@ -80,6 +80,7 @@ def build_job(
         device_class=gang.device_class,
         emulated=not machine_has(gang.device_class),
         max_restarts=gang.max_restarts,
+        team=gang.team,  # what `tideflow gangs` shows of a gang whose lease is gone
         lease_id=lease.lease_id,
         lease_db=str(ledger_path),
         lease_ttl_s=LEASE_TTL_S,
