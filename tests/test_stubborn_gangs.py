@@ -4,7 +4,8 @@ Every path that stops a gang (a lender's reclaim, a preempting priority class, t
 broker, a cancel from a timeout or ``tideflow gangs cancel``) must kill every process
 of the gang, its workers' whole process groups included, and see them dead before
 the ledger may grant its devices to another lease; the stopped gang's state, team
-and accounting must say what happened.
+and accounting must say what happened. And a gang whose supervisor was killed
+reports the device time its lease was charged, not nothing.
 
 Real processes: the local supervisor, a training script that handles SIGTERM itself
 (tests/stubborn_worker.py) with a data-loader process that ignores it, and the
@@ -248,3 +249,34 @@ def test_cancelling_a_gang_kills_the_processes_its_workers_leave_behind(tmp_path
         left = [pid for pid in pids if alive(pid)]
         assert not left, f"{len(left)} of the gang's {len(pids)} processes still run"
         assert ledger.leases() == []
+
+
+@pytest.mark.timeout(240)
+def test_a_gang_whose_supervisor_was_killed_reports_the_device_time_it_was_charged(
+    tmp_path: Path,
+) -> None:
+    ledger, backend = lab(tmp_path)
+    lease, out = start_gang(ledger, backend, tmp_path, pipeline="orphan", team="batch")
+    with stopped_afterwards(backend, out):
+        pids = processes(out, 2)
+        time.sleep(2.0)  # it trains a while
+        supervisor = int((backend.gang_dir(lease.gang_id) / "supervisor.pid").read_text())
+        os.kill(supervisor, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (status := backend.status(lease.gang_id)) is None or not status.state.finished:
+            assert time.monotonic() < deadline, status
+            time.sleep(0.1)
+        assert status.state is GangState.FAILED and "supervisor" in status.message
+        assert status.device_seconds > 4 * 2.0, status.device_seconds
+        # Its workers outlived it: they are found and killed from what it recorded,
+        # before its operator gives its lease back.
+        assert backend.kill(lease.gang_id)
+        assert not [pid for pid in pids if alive(pid)]
+        status = backend.status(lease.gang_id)
+        assert status is not None and status.state is GangState.FAILED
+        ledger.release(lease.lease_id)
+        (span,) = [s for s in ledger.usage_spans(0) if s.gang_id == lease.gang_id]
+        assert status.started_at is not None
+        # its devices, from its start (its lease is a little older) until they were freed
+        charged_s = span.devices * (span.ended_at - status.started_at)
+        assert status.device_seconds == pytest.approx(charged_s, abs=4 * 0.5)

@@ -100,6 +100,7 @@ class LocalBackend:
                 return GangStatus(gang_id, state, message=message, finished_at=time.time())
             return None
         if not status.state.finished and (pid is None or not _alive(pid)):
+            now = time.time()
             return GangStatus(
                 gang_id,
                 GangState.FAILED,
@@ -107,10 +108,20 @@ class LocalBackend:
                 "the gang's supervisor process died (machine restart or kill -9?)",
                 status.exit_codes,
                 status.started_at,
-                time.time(),
+                now,
                 status.events,
+                status.device_seconds + self._unrecorded_seconds(gang_id, status, now),
             )
         return status
+
+    def _unrecorded_seconds(self, gang_id: str, status: GangStatus, now: float) -> float:
+        """The device time of the attempt a dead supervisor never recorded the end of:
+        up to now, as its lease is charged until it is given back (its workers may
+        have outlived it)."""
+        job = self.job(gang_id)
+        if status.attempt_started_at is None or job is None:
+            return 0.0
+        return max(0.0, now - status.attempt_started_at) * job.devices_held
 
     def _request(self, gang_id: str) -> str | None:
         try:

@@ -93,6 +93,7 @@ class Supervisor:
             time.time() if state.finished else None,
             tuple(self.events[-50:]),
             self.device_seconds + self._running_seconds() * self.devices,
+            self.attempt_started,
         )
         tmp = self.directory / "status.json.tmp"
         tmp.write_text(status.to_json())

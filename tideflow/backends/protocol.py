@@ -104,6 +104,10 @@ class GangStatus:
     # Devices held x seconds, over every attempt (restarts included): the
     # basis of GPU-hours accounting per team, run and step.
     device_seconds: float = 0.0
+    # When the running attempt started (None: none runs): the status of a supervisor
+    # that died before it could end the attempt counts that attempt's device time up
+    # to when it is read (LocalBackend.status).
+    attempt_started_at: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
