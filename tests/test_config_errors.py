@@ -162,3 +162,43 @@ def test_the_settings_that_were_tracebacks_are_refused_by_name(
     )
     assert (code, "Traceback" in out, name in out) == (2, False, True), out
     assert state_files(tmp_path) == []
+
+
+def test_a_missing_cluster_server_is_one_message_naming_the_kubeconfig(tmp_path: Path) -> None:
+    """``--backend kubernetes`` with no kubeconfig to reach a cluster by (and not in a pod)."""
+    env = {"KUBECONFIG": str(tmp_path / "no-such-kubeconfig"), "HOME": str(tmp_path)}
+    argv = ["broker", "run", "--backend", "kubernetes", "--dry-run", "--once"]
+    code, out = run(argv, tmp_path, env)
+    assert (code, "Traceback" in out, "KUBECONFIG" in out) == (2, False, True), out
+    assert len(out.strip().splitlines()) == 1 and state_files(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("TIDEFLOW_K8S_GPUS_PER_REPLICA", "abc"),
+        ("TIDEFLOW_K8S_GPUS_PER_REPLICA", "0"),
+        ("TIDEFLOW_K8S_QUEUE_KIND", "yunikorn"),
+        ("TIDEFLOW_K8S_GANG_SCHEDULER", "nomad"),
+        ("TIDEFLOW_K8S_GRACE_S", "-1"),
+    ],
+)
+def test_the_cluster_settings_are_configuration_errors(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    """What the broker (``target_from_env``) and the gang backend (``kube_settings_from_env``)
+    read of a cluster is checked before either reaches it, as the error the CLI prints as
+    one message (a non-number was a traceback; a zero or an unknown queue kind went
+    through)."""
+    from tideflow.broker.kubernetes import target_from_env
+    from tideflow.config import ConfigError
+    from tideflow.kube.settings import kube_settings_from_env
+
+    monkeypatch.setenv(name, value)
+    reader = (
+        kube_settings_from_env
+        if name in ("TIDEFLOW_K8S_GANG_SCHEDULER", "TIDEFLOW_K8S_GRACE_S")
+        else target_from_env
+    )
+    with pytest.raises(ConfigError, match=f"{name}='{value}'.*accepted: "):
+        reader()

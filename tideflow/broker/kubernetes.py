@@ -57,6 +57,7 @@ from tideflow.broker.tenant import (
 from tideflow.broker.volcano_stops import VolcanoStops
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
 from tideflow.checkpoint.recency import work_at_risk_since
+from tideflow.config import bad_setting, env_number
 from tideflow.inventory import ClusterSpec, load_cluster
 from tideflow.kube.client import MERGE
 from tideflow.kube.names import dns_label
@@ -70,6 +71,7 @@ POOL = "training"  # the node label value of the broker's pool in a cluster file
 DEVICE_CLASSES: dict[str, DeviceClass] = {"nvidia.com/gpu": "gpu", "huawei.com/Ascend910": "npu"}
 TAINT_KEY = "tideflow.io/pool"
 KUEUE_PREEMPTED = "Preempted"  # the eviction reason of a Workload Kueue preempted
+QUEUE_KINDS = ("volcano", "kueue")  # the gang schedulers whose training queue it moves
 
 
 @dataclass(frozen=True)
@@ -90,18 +92,30 @@ class ClusterTarget:
 
 
 def target_from_env() -> ClusterTarget:
-    """The cluster objects the broker moves, from ``TIDEFLOW_K8S_*`` variables."""
+    """The cluster objects the broker moves, from ``TIDEFLOW_K8S_*`` variables
+    (``ConfigError`` naming one it cannot use)."""
     import os
 
     env = os.environ.get
+    kind = env("TIDEFLOW_K8S_QUEUE_KIND", "volcano")
+    if kind not in QUEUE_KINDS:
+        raise bad_setting("TIDEFLOW_K8S_QUEUE_KIND", kind, ", ".join(QUEUE_KINDS))
     return ClusterTarget(
         namespace=env("TIDEFLOW_K8S_NAMESPACE", "tideflow"),
         inference_deployment=env("TIDEFLOW_K8S_INFERENCE_DEPLOYMENT", "inference"),
-        gpus_per_replica=int(env("TIDEFLOW_K8S_GPUS_PER_REPLICA", "1")),
+        gpus_per_replica=int(
+            env_number(
+                "TIDEFLOW_K8S_GPUS_PER_REPLICA",
+                "1",
+                "a whole number >= 1",
+                lambda v: v >= 1,
+                whole=True,
+            )
+        ),
         hpa=env("TIDEFLOW_K8S_INFERENCE_HPA") or None,
         gpu_resource=env("TIDEFLOW_K8S_GPU_RESOURCE", "nvidia.com/gpu"),
         node_selector=env("TIDEFLOW_K8S_NODE_SELECTOR", "nvidia.com/gpu.present=true"),
-        queue_kind=env("TIDEFLOW_K8S_QUEUE_KIND", "volcano"),
+        queue_kind=kind,
         training_queue=env("TIDEFLOW_K8S_TRAINING_QUEUE", "training"),
         kueue_flavor=env("TIDEFLOW_K8S_KUEUE_FLAVOR") or None,
         cluster_file=env("TIDEFLOW_CLUSTER_FILE") or None,

@@ -27,6 +27,16 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Any:
         except config.ConfigException:
             pass
     # The client reads $KUBECONFIG once, when it is imported; read it now instead.
-    return config.new_client_from_config(
-        config_file=kubeconfig or os.environ.get("KUBECONFIG"), context=context
-    )
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    try:
+        return config.new_client_from_config(config_file=path, context=context)
+    except (config.ConfigException, OSError) as exc:  # no cluster to reach: a setting
+        from tideflow.config import bad_setting
+
+        raise bad_setting(
+            "KUBECONFIG",
+            path,
+            "a kubeconfig file naming the cluster (default ~/.kube/config), or a pod's "
+            "ServiceAccount",
+            str(exc).strip().rstrip(".") or type(exc).__name__,
+        ) from None

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, fields
 
+from tideflow.config import ConfigError
 from tideflow.kube.volcano import KubeSettings
 
 SCHEDULERS = ("volcano", "kueue")
@@ -23,7 +24,7 @@ SERVICE_ACCOUNT = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-
 def _service_account(env: Mapping[str, str], variable: str, default: str) -> str:
     name = env.get(variable, default)
     if len(name) > 253 or not SERVICE_ACCOUNT.match(name):
-        raise ValueError(
+        raise ConfigError(
             f"{variable}={name!r}: accepted: a ServiceAccount name (lowercase letters, "
             "digits, '-' and '.', at most 253 characters)"
         )
@@ -35,12 +36,12 @@ def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSett
     defaults = KubeSettings()
     scheduler = env.get("TIDEFLOW_K8S_GANG_SCHEDULER", defaults.gang_scheduler)
     if scheduler not in SCHEDULERS:
-        raise ValueError(
+        raise ConfigError(
             f"TIDEFLOW_K8S_GANG_SCHEDULER={scheduler!r}: accepted: {', '.join(SCHEDULERS)}"
         )
     grace = env.get("TIDEFLOW_K8S_GRACE_S", str(defaults.termination_grace_s))
     if not grace.isdigit() or int(grace) < 30:
-        raise ValueError(
+        raise ConfigError(
             f"TIDEFLOW_K8S_GRACE_S={grace!r}: accepted: whole seconds >= 30 "
             "(the time a worker has to write a checkpoint after SIGTERM)"
         )
@@ -49,7 +50,7 @@ def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSett
     if raw:
         pairs = [item.partition("=") for item in raw.split(",") if item.strip()]
         if any(not name.strip() or not sep or not value.strip() for name, sep, value in pairs):
-            raise ValueError(
+            raise ConfigError(
                 f"TIDEFLOW_K8S_DEVICE_MODELS={raw!r}: accepted: MODEL=NODE_LABEL_VALUE pairs "
                 "separated by commas (e.g. H100=NVIDIA-H100-80GB-HBM3)"
             )
