@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 .DEFAULT_GOAL := help
 
-.PHONY: help bootstrap browser demo down status test test-fast lint fmt schema constraints bench clean
+.PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast lint fmt schema constraints bench clean
 
 help: ## Show the available targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -26,11 +26,20 @@ down: ## Stop the local stack
 status: ## Show the local stack's servers and login
 	$(PY) -m tideflow.stack status
 
+cluster: bootstrap ## Build (once per version) and start a real Kubernetes control plane with Kueue, JobSet and kwok nodes on 127.0.0.1
+	$(PY) -m tideflow.stack cluster
+
+cluster-down: ## Stop the local Kubernetes cluster
+	@if [ -x $(PY) ]; then $(PY) -m tideflow.stack cluster-down; fi
+
+cluster-pin: bootstrap ## Rewrite deploy/cluster/modules from deploy/cluster/versions.env (after changing a version)
+	$(PY) -m tideflow.stack.cluster.pin
+
 test: bootstrap ## Run every test (starts real servers for the `slow` ones)
 	$(PY) -m pytest
 
 test-fast: bootstrap ## Run the tests that start no servers
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not cluster"
 
 lint: bootstrap ## ruff, mypy (strict on the core) and the import-layering contracts
 	$(VENV)/bin/ruff check .
@@ -55,5 +64,5 @@ bench: bootstrap ## Run the DAG-parsing benchmark (installs the dag-factory base
 	$(PY) -m pip install --quiet -c deploy/local/constraints.txt -e '.[bench]'
 	$(PY) bench/parse_dags.py
 
-clean: down ## Stop the stack and delete local state (.tideflow/)
+clean: down cluster-down ## Stop the stack and delete local state (.tideflow/)
 	rm -rf .tideflow

@@ -60,10 +60,12 @@ def values() -> dict[str, Any]:
 
 
 LAB_CLUSTER = REPO / "deploy" / "local" / "lab-cluster.yaml"
+# kwok's stage for a Job's pod ending, loaded by the local cluster (tests/cluster use it)
+KWOK_STAGE = REPO / "deploy" / "cluster" / "kwok-pod-complete.yaml"
 
 
 def test_every_yaml_file_in_deploy_is_checked_here() -> None:
-    checked = set(DEPLOY.glob("*.yaml")) | {VALUES, LAB_CLUSTER}
+    checked = set(DEPLOY.glob("*.yaml")) | {VALUES, LAB_CLUSTER, KWOK_STAGE}
     found = set((REPO / "deploy").rglob("*.yaml")) | set((REPO / "deploy").rglob("*.yml"))
     assert found == checked, sorted(str(p.relative_to(REPO)) for p in found ^ checked)
 

@@ -176,11 +176,27 @@ def _champion(mlflow_url: str, model: str) -> str | None:
         return None
 
 
+def cluster_command(command: str, home: Path) -> int:
+    """``cluster``: build (once per version) and start the local Kubernetes cluster."""
+    from tideflow.stack.cluster import lifecycle
+
+    if command == "cluster-down":
+        lifecycle.down(home)
+        print("local Kubernetes cluster stopped")
+        return 0
+    state = lifecycle.up(home, say=lambda line: print(line, flush=True))
+    print("local Kubernetes cluster is up:\n" + lifecycle.describe(state))
+    print(f"  try: KUBECONFIG={state.admin} kubectl get nodes")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tideflow.stack", description="Local S3 + MLflow + Airflow on 127.0.0.1."
     )
-    parser.add_argument("command", choices=["up", "down", "status", "demo"])
+    parser.add_argument(
+        "command", choices=["up", "down", "status", "demo", "cluster", "cluster-down"]
+    )
     parser.add_argument(
         "--home",
         type=Path,
@@ -197,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             down(home)
             print("tideflow local stack stopped")
+        elif args.command.startswith("cluster"):
+            return cluster_command(args.command, home / "cluster")
         elif args.command == "status":
             state = StackState.load(home)
             print(describe(state) if state and state.services else "not running")

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -132,6 +133,7 @@ def wait_http(
     log_path: Path,
     name: str,
     ok_status: tuple[int, ...] = (200,),
+    context: ssl.SSLContext | None = None,
 ) -> None:
     """Poll ``url`` until it answers; fail early, with the log's tail, if the server died.
 
@@ -140,7 +142,13 @@ def wait_http(
     """
     try:
         _wait_http(
-            url, timeout_s=timeout_s, pgid=pgid, log_path=log_path, name=name, ok_status=ok_status
+            url,
+            timeout_s=timeout_s,
+            pgid=pgid,
+            log_path=log_path,
+            name=name,
+            ok_status=ok_status,
+            context=context,
         )
     except StackError:
         stop_group(pgid, grace_s=5)
@@ -148,7 +156,14 @@ def wait_http(
 
 
 def _wait_http(
-    url: str, *, timeout_s: float, pgid: int, log_path: Path, name: str, ok_status: tuple[int, ...]
+    url: str,
+    *,
+    timeout_s: float,
+    pgid: int,
+    log_path: Path,
+    name: str,
+    ok_status: tuple[int, ...],
+    context: ssl.SSLContext | None,
 ) -> None:
     deadline = time.monotonic() + timeout_s
     last = "no answer"
@@ -158,7 +173,7 @@ def _wait_http(
                 f"{name} exited during start-up; last log lines of {log_path}:\n{tail(log_path)}"
             )
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=2, context=context) as response:
                 if response.status in ok_status:
                     return
                 last = f"HTTP {response.status}"

@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins the commands this module builds; the build tag keeps it
+// out of every build.
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+)

@@ -1,0 +1,11 @@
+//go:build tools
+
+// Package tools pins the commands this module builds; the build tag keeps it
+// out of every build.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
