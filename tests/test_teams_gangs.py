@@ -11,6 +11,10 @@ team's GPUs; an urgent gang of the same team asks through the operator's own
 ``LeaseTrigger`` poll, which carries out the eviction; the long run
 checkpoints, waits behind the urgent gang, and resumes exactly when it ends.
 
+Reclaim whichever lender's GPUs a borrower sits on: risk borrows marketing's,
+marketing takes its own quota on research's idle node, and research reclaims its
+quota from risk's borrowing gang, which checkpoints and stops.
+
 The GPUs are declared (three two-GPU nodes) and emulated on the CPU; the gangs
 that take the reclaimed devices hold leases only (no processes), which keeps
 the test within two cores.
@@ -177,3 +181,35 @@ def test_scenario_5_an_urgent_gang_preempts_the_long_run_which_resumes_exactly(
     assert_same(weights, reference[1])
     preempted = [s for s in ledger.usage_spans(0) if s.gang_id == long_run.gang_id]
     assert preempted[0].ended_by == "preempted" and preempted[0].lost_device_s == 0
+
+
+def test_a_team_below_its_quota_reclaims_it_from_a_borrower_of_another_lenders_quota(
+    splits: dict[str, str], tmp_path: Path
+) -> None:
+    """risk borrows marketing's idle GPUs; marketing then takes its own quota on the
+    last free node, so risk's borrowed gang sits on research's. research (a class that
+    does not preempt) asks for its quota: risk, above its own, gives it back in time."""
+    _, ledger, backend = lab(tmp_path)
+    checkpoints = (tmp_path / "ckpt").as_uri()
+    assert isinstance(
+        ledger.try_acquire(request("risk/own", "risk", 100, "normal"), "t", 600), Lease
+    )
+    burst = request("risk/month-end", "risk", 100, "normal")
+    lease = ledger.try_acquire(burst, "operator", 600)
+    assert isinstance(lease, Lease) and (lease.borrowed, lease.lender) == (2, "marketing")
+    backend.submit(job(burst.gang_id, splits, checkpoints, step_delay=0.02, device_class="gpu"))
+    wait_for_step(backend.log_path(burst.gang_id), 20)
+    campaign = request("marketing/campaign", "marketing", 100, "normal")
+    assert isinstance(ledger.try_acquire(campaign, "operator", 600), Lease)
+
+    steady = request("research/steady", "research", 0, "batch")
+    why = ledger.try_acquire(steady, "operator", 600)
+    assert isinstance(why, Refusal)
+    assert why.reason.startswith("stopping risk/month-end (checkpoint first)"), why.reason
+    assert "reclaimed by research for research/steady: team risk uses 4 of its 2" in why.reason
+    stop_for(ledger, backend, burst.gang_id)
+    stopped = CheckpointManager(checkpoints).latest()
+    assert stopped is not None and stopped.step >= 20  # checkpointed on notice
+    granted = ledger.try_acquire(steady, "operator", 600)
+    assert isinstance(granted, Lease) and granted.borrowed == 0
+    assert ledger.lease_for("risk/own") is not None  # within risk's quota: untouched

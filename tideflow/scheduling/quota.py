@@ -11,14 +11,15 @@ borrowed and from whom?
     covers), else from one lender whose rule allows it (``min_priority_class``,
     ``max_borrowable_ratio``), within the lender's ``lending_limit`` and the
     borrower's ``borrowing_limit``. A lender lends only what it neither uses
-    nor waits for: its own waiting gangs count as demand, so a gang that was
-    just reclaimed cannot borrow the same devices straight back;
+    nor waits for, and nobody borrows what other teams' gangs waiting within
+    their quota need: a gang just reclaimed cannot borrow the devices back;
   * teams the file does not declare (the broker's inference reservations) are
     outside quotas.
 
 ``victims``: the gang fits its quota but the devices are held; whose gangs
 may be stopped (after a checkpoint) to make room?
-  * reclaim: gangs that borrow this team's quota, whatever their priority;
+  * reclaim (the gang fits its team's nominal quota): borrowers of any team above
+    its own nominal, whatever their priority (``tideflow.scheduling.reclaim``);
   * after a rule's ``auto_return_timeout``, a borrowing gang yields to any
     other team's gang, not only its lender's;
   * priority preemption (a class with ``preempts``): lower-priority gangs of
@@ -37,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, cast
 
+from tideflow.scheduling import reclaim
 from tideflow.scheduling.model import DeviceClass, GangRequest
 
 if TYPE_CHECKING:
@@ -235,6 +237,17 @@ def lendable(
     return int(max(0, min(idle, by_limit, by_ratio)))
 
 
+def _lent_to(teams: Teams, team: str, key: Key, held: Sequence[Held]) -> dict[tuple[str, str], int]:
+    """Devices ``team`` borrows on ``key`` now, per (lender, team)."""
+    lent_to: dict[tuple[str, str], int] = {}
+    for lease in held:
+        if lease.lender is None or not lease.borrowed or lease.team != team:
+            continue
+        if teams.key(lease.team, lease.device_class, lease.model) == key:
+            lent_to[(lease.lender, team)] = lent_to.get((lease.lender, team), 0) + lease.borrowed
+    return lent_to
+
+
 def admit(
     teams: Teams,
     request: GangRequest,
@@ -249,19 +262,8 @@ def admit(
     quota = teams.quota(request.team, key)
     nominal = 0 if quota is None else quota.nominal
     used, lent = _usage(teams, held, key)
-    lent_to: dict[tuple[str, str], int] = {}
-    borrowed_now = 0
-    for lease in held:
-        if (
-            lease.lender is not None
-            and lease.borrowed
-            and lease.team == request.team
-            and teams.key(lease.team, lease.device_class, lease.model) == key
-        ):
-            lent_to[(lease.lender, lease.team)] = (
-                lent_to.get((lease.lender, lease.team), 0) + lease.borrowed
-            )
-            borrowed_now += lease.borrowed
+    lent_to = _lent_to(teams, request.team, key, held)
+    borrowed_now = sum(lent_to.values())
     mine = used.get(request.team, 0)
     own_room = max(0, nominal - mine)
     least, most = _least(request), request.devices
@@ -269,12 +271,14 @@ def admit(
         return Grant(most, 0, None)
     limit = None if quota is None else quota.borrowing_limit
     borrow_room = math.inf if limit is None else max(0, limit - borrowed_now)
-    threshold_ok: dict[str, bool] = {}
-    offers: list[tuple[int, str]] = []
+    # what other teams' gangs waiting within their quota need: borrowing it feeds a reclaim
+    unclaimed = reclaim.unclaimed_room(teams, request, key, used, waiting)
     lenders = [
         SHARED_POOL,
         *sorted(lender for (lender, borrower) in teams.rules if borrower == request.team),
     ]
+    threshold_ok: dict[str, bool] = {}
+    offers: list[tuple[int, str]] = []
     # the lenders' own waiting gangs (the only demand ``lendable`` reads)
     demand = _demand(teams, waiting, key, request.gang_id, of=frozenset(lenders[1:]))
     for lender in lenders:
@@ -298,9 +302,9 @@ def admit(
     per = request.devices_per_worker
     for want in range(most, least - 1, -per):  # an elastic gang takes the most it can
         borrow = want - own_room
-        if borrow > borrow_room:
+        if borrow > min(borrow_room, unclaimed):
             continue
-        # the shared pool first (nobody reclaims it), then the lender with the most idle
+        # the shared pool first (it is no team's idle quota), then the lender with the most idle
         for available, lender in sorted(offers, key=lambda o: (o[1] != SHARED_POOL, -o[0])):
             if available >= borrow:
                 return Grant(want, borrow, lender)
@@ -308,6 +312,8 @@ def admit(
     parts = [f"team {request.team} uses {mine} of its {nominal} {label} quota"]
     if limit is not None:
         parts.append(f"borrows {borrowed_now} of at most {limit}")
+    if unclaimed < math.inf:
+        parts.append(f"other teams' gangs waiting within their quota leave {unclaimed} to borrow")
     offered = ", ".join(
         f"{'the shared pool' if lender == SHARED_POOL else lender} {available}"
         for available, lender in offers
@@ -359,8 +365,9 @@ def candidates(
         return []
     key = teams.key(request.team, request.device_class, request.model)
     preempts = teams.preempts(request)
-    # Reclaiming is for a lender that wants its own quota back, not one that borrows too.
-    reclaims = within_quota(teams, request, held)
+    # Reclaiming is for a team that wants its own quota back, not one that borrows too.
+    over = reclaim.over_nominal(teams, held) if within_quota(teams, request, held) else None
+    short = reclaim.free_quota(teams, key, _usage(teams, held, key)[0]) < _least(request)
     found: list[tuple[Held, str]] = []
     for lease in held:
         if lease.evicting or not lease.preemptible or lease.gang_id == request.gang_id:
@@ -368,22 +375,12 @@ def candidates(
         if lease.device_class != request.device_class or not teams.governs(lease.team):
             continue
         borrowing = lease.borrowed > 0 and lease.lender is not None
-        rule = teams.rules.get((lease.lender or "", lease.team)) if borrowing else None
         why = None
-        if borrowing and reclaims and lease.lender == request.team:
-            why = f"reclaimed by its lender {request.team} for {request.gang_id}"
-        elif (
-            borrowing
-            and rule is not None
-            and rule.auto_return_timeout is not None
-            and now - lease.acquired_at >= rule.auto_return_timeout
-            and lease.team != request.team
-        ):
-            why = (
-                f"borrowed {now - lease.acquired_at:.0f}s, past its auto_return_timeout of "
-                f"{rule.auto_return_timeout}s; returned for {request.gang_id}"
-            )
-        elif preempts and lease.priority < request.priority:
+        if borrowing and over:
+            why = reclaim.reclaim_reason(teams, request, lease, over, short=short)
+        if why is None and borrowing:
+            why = reclaim.return_reason(teams, request, lease, now)
+        if why is None and preempts and lease.priority < request.priority:
             if lease.team == request.team:
                 why = f"preempted by {request.gang_id} (priority {request.priority})"
             elif borrowing:
@@ -391,10 +388,9 @@ def candidates(
                     f"preempted by {request.gang_id} (priority {request.priority}): it "
                     f"borrows, and runs at priority {lease.priority}"
                 )
-        if why is not None and teams.key(lease.team, lease.device_class, lease.model) == key:
+        entry = teams.key(lease.team, lease.device_class, lease.model)
+        if why is not None and (key[1] is None or entry == key):  # class-wide: any model
             found.append((lease, why))
-        elif why is not None and key[1] is None:
-            found.append((lease, why))  # a class-wide request may use any model
     found.sort(key=lambda c: (c[0].priority, c[0].work_at_risk_s, c[0].devices))
     return found
 
@@ -413,7 +409,8 @@ def victims(
     (its quota, then placement, so fragmentation counts) were those gangs gone.
     """
     chosen: list[tuple[Held, str]] = []
-    for candidate in candidates(teams, request, held, now=now):
+    found = candidates(teams, request, held, now=now)
+    for candidate in reclaim.bounded(teams, request, found, held):
         chosen.append(candidate)
         if fits_without(frozenset(h.gang_id for h, _ in chosen)):
             break
