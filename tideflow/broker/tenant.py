@@ -7,10 +7,11 @@ are that team's quota, for the local actuator and the Kubernetes one alike:
   the note says so (``ceiling``, ``capped``);
 * what it lends is inference's idle quota, which other teams borrow under the
   rules whose lender is ``inference``;
-* growing back is the lender's reclaim (``tideflow.scheduling.quota``): only
-  gangs that borrow inference's quota are stopped (and, as for any team, gangs
-  borrowing past their rule's ``auto_return_timeout``), each with its rule's
-  grace, and a gang within its own team's quota never is.
+* growing back is a reclaim as any team's (``tideflow.scheduling.reclaim``): only
+  borrowing gangs of teams above their nominal quota are stopped (of any lender's
+  quota when the free quota is short, else inference's own borrowers; and, as for
+  any team, gangs borrowing past their rule's ``auto_return_timeout``), each with
+  its rule's grace, and a gang within its own team's quota never is.
 
 Locally the lease ledger keeps who borrows what and runs the reclaim. A cluster
 keeps no such record, so ``borrowers`` replays the teams' admission over the
@@ -202,9 +203,10 @@ def grow(
     now: float,
 ) -> Growth:
     """Whole nodes for inference, from ``have`` GPUs towards ``target`` (never past
-    ``most``): a node no gang runs on first, else one that the lender's reclaim
+    ``most``): a node no gang runs on first, else one that inference's reclaim
     empties, a node at a time as the ledger reserves them. It stops at a node only
-    gangs inference may not stop run on (their team's own quota, another lender's)."""
+    gangs inference may not stop run on (within their team's own quota, or outside
+    the quotas)."""
     planned = list(held)
     chosen: list[PoolNode] = []
     evictions: dict[str, Eviction] = {}

@@ -16,9 +16,10 @@ webhook pkg/webhooks/clusterqueue_webhook.go):
   which every member may borrow;
 * a team's share of a flavor -> nominalQuota; borrowingLimit and lendingLimit
   with the borrowing rules folded in (``tideflow.compile.team_queues``);
-* preemption: a team reclaims what it lent whatever the borrower's priority
-  (``reclaimWithinCohort: Any``); when a class the team may use ``preempts``,
-  ``withinClusterQueue`` and ``borrowWithinCohort`` are ``LowerPriority``;
+* preemption: a team within its nominal reclaims from any member above its own,
+  whatever the borrower's priority (``reclaimWithinCohort: Any``); when a class
+  the team may use ``preempts``, ``withinClusterQueue`` and ``borrowWithinCohort``
+  are ``LowerPriority``;
 * the broker's pool -> ClusterQueue ``training``, which admits nothing (no
   namespaceSelector) and lends the pool's devices to the cohort; the broker sets its
   nominalQuota (``tideflow.broker.kubernetes``). Teams own none of it (a nominal
@@ -194,7 +195,8 @@ def kueue_objects(
     for team in plan.teams:
         some, _ = _preempting(plan, team)
         preemption: dict[str, Any] = {
-            # the ledger's reclaim: a lender takes back what it lent, whatever the priority
+            # the ledger's reclaim (tideflow.scheduling.reclaim): a queue within its nominal
+            # takes devices back from any member above its own, whatever the priority
             "reclaimWithinCohort": "Any",
             "borrowWithinCohort": {"policy": "LowerPriority" if some else "Never"},
             "withinClusterQueue": "LowerPriority" if some else "Never",
