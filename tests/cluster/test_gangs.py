@@ -48,6 +48,7 @@ def gang(
     run_for: str = "3s",
     exit_code: int = 0,
     max_restarts: int = 0,
+    model: str = "T4",
 ) -> GangJob:
     return GangJob(
         f"digits/{name}/train",
@@ -58,7 +59,7 @@ def gang(
         False,
         max_restarts,
         team=team,
-        model="T4",
+        model=model,
         labels={"tideflow.io/kwok-run-for": run_for, "tideflow.io/kwok-exit-code": str(exit_code)},
     )
 
