@@ -131,7 +131,9 @@ def test_bank_kueue_quotas_fold_the_borrowing_rules_into_limits(tmp_path: Path) 
         ("batch", 0),
     }
     assert by(objects, "ResourceFlavor", "h100")["spec"]["nodeLabels"] == {
-        "nvidia.com/gpu.product": "H100"  # no labels declared: the model's
+        # no labels declared: the product name GPU feature discovery gives an H100, which
+        # the gang's pods select too (tests/cluster/test_gangs.py runs one on real Kueue)
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"
     }
     # risk borrows at most 0.8 * 30 from marketing plus 0.5 * 30 from research; it lends
     # to no team. marketing and research lend what their rules let risk take.

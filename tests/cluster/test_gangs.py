@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from tideflow.kube.volcano import KubeSettings
 from tideflow.spec.loader import load_model
 from tideflow.stack.cluster.kubeapi import Kube
 from tideflow.stack.cluster.lifecycle import DEFAULT_NODES
+from tideflow.stack.cluster.nodes import cluster_nodes
 from tideflow.stack.cluster.state import ClusterState
 
 SETTINGS = KubeSettings(gang_scheduler="kueue", termination_grace_s=30)
@@ -170,3 +172,34 @@ def test_cancelling_a_gang_deletes_it_and_leaves_no_pod(
         lambda: backend.status(job.gang_id) is None and not gang_pods(kube, job.gang_id),
         timeout_s=60,
     )
+
+
+H100_LAB = """\
+apiVersion: tideflow/v1
+kind: Cluster
+metadata: {name: hopper}
+nodes:
+  - {name: h100, count: 2, cpu: 64, accelerators: {class: gpu, model: H100, count: 8}}
+teams:
+  - {name: llm, quota: [{device: gpu, nominal: 16}]}
+"""
+
+
+def test_a_gang_of_a_mapped_model_is_admitted_on_the_nodes_its_flavor_names(
+    deployed: Any, kube: Kube, cluster: ClusterState, tmp_path: Path
+) -> None:
+    """A cluster file that names its GPUs by model only ("H100"): the compiled flavor
+    and the gang's pods must both select the product name GPU feature discovery puts
+    on the nodes (NVIDIA-H100-80GB-HBM3), or Kueue finds no flavor for the gang."""
+    path = tmp_path / "hopper.yaml"
+    path.write_text(H100_LAB)
+    spec = load_model(path, ClusterSpec)
+    kube.create_nodes(cluster_nodes(spec))
+    objects, _ = kueue_objects(spec)
+    kube.apply(objects, manager="tideflow-compile")
+    backend = KubernetesBackend(service_account(cluster, WORKER), SETTINGS)
+    job = gang("hopper", "llm", 2, model="H100")
+    backend.submit(job)
+    seen = followed_to_the_end(cluster, job.gang_id)
+    assert seen[-1] is not None and seen[-1].state is GangState.SUCCEEDED, seen
+    assert {p.spec.node_name for p in gang_pods(kube, job.gang_id)} <= {"h100-0", "h100-1"}

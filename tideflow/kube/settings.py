@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, fields
 
+from tideflow.compile.team_queues import gpu_products
 from tideflow.config import ConfigError
 from tideflow.kube.volcano import KubeSettings
 
@@ -45,16 +46,7 @@ def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSett
             f"TIDEFLOW_K8S_GRACE_S={grace!r}: accepted: whole seconds >= 30 "
             "(the time a worker has to write a checkpoint after SIGTERM)"
         )
-    models = defaults.model_labels
-    raw = env.get("TIDEFLOW_K8S_DEVICE_MODELS")
-    if raw:
-        pairs = [item.partition("=") for item in raw.split(",") if item.strip()]
-        if any(not name.strip() or not sep or not value.strip() for name, sep, value in pairs):
-            raise ConfigError(
-                f"TIDEFLOW_K8S_DEVICE_MODELS={raw!r}: accepted: MODEL=NODE_LABEL_VALUE pairs "
-                "separated by commas (e.g. H100=NVIDIA-H100-80GB-HBM3)"
-            )
-        models = tuple((name.strip(), value.strip()) for name, _, value in pairs)
+    models = gpu_products(env)
     return KubeSettings(
         namespace=env.get("TIDEFLOW_K8S_NAMESPACE", defaults.namespace),
         image=env.get("TIDEFLOW_K8S_IMAGE", defaults.image),

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideflow.compile.team_queues import priority_class_name
+from tideflow.compile.team_queues import GPU_PRODUCTS, priority_class_name
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import (
     DEVICE_RESOURCES,
@@ -85,10 +85,7 @@ class KubeSettings:
     gang_scheduler: str = "volcano"  # or "kueue": a JobSet admitted by Kueue
     # A pipeline names a device model briefly ("H100"); nodes carry the full product
     # name GPU feature discovery gives them. A model not listed is used as written.
-    model_labels: tuple[tuple[str, str], ...] = (
-        ("H100", "NVIDIA-H100-80GB-HBM3"),
-        ("A100", "NVIDIA-A100-SXM4-80GB"),
-    )
+    model_labels: tuple[tuple[str, str], ...] = GPU_PRODUCTS
     master_port: int = 29500
     # ServiceAccounts (deploy/kubernetes/gangs.yaml, argo-rbac.yaml). Gang workers and
     # Argo's step containers never call the Kubernetes API and mount no token; Argo's
