@@ -85,8 +85,13 @@ def _kueue_metrics_certs(state: ClusterState) -> None:
         return
     try:
         KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
-        pki.issue(KUEUE_METRICS_CERTS, pki.ca(Path(state.home) / "pki"), "tls",
-                  common="kueue-metrics", server=True)
+        pki.issue(
+            KUEUE_METRICS_CERTS,
+            pki.ca(Path(state.home) / "pki"),
+            "tls",
+            common="kueue-metrics",
+            server=True,
+        )
     except OSError as exc:
         raise StackError(
             f"Kueue needs a certificate at {KUEUE_METRICS_CERTS} (a fixed path in v0.17), "
