@@ -447,7 +447,8 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
 def cmd_broker_run(args: argparse.Namespace) -> int:
     import time as clock
 
-    from tideflow.broker.service import BrokerSettings, open_local, rebalance_once
+    from tideflow.broker.service import open_local, rebalance_once
+    from tideflow.broker.settings import BrokerSettings
     from tideflow.config import Settings
 
     settings = BrokerSettings.from_env()  # a setting it cannot use: ConfigError, exit 2
