@@ -3,8 +3,8 @@
 etcd, kube-apiserver, kube-controller-manager and kube-scheduler of one
 Kubernetes release, the Kueue and JobSet controllers with their webhooks, and
 kwok nodes, built from their Go modules and started on 127.0.0.1 by
-``tideflow.stack.cluster`` (the same code as ``make cluster``), once for the
-session, and stopped at its end. kwok stands in for the kubelet and the
+``tideflow.stack.cluster`` (the same code as ``make cluster``), once for this
+package of tests, and stopped when they are done. kwok stands in for the kubelet and the
 container runtime, which cannot run here: pods are scheduled and bound by the
 real scheduler, and kwok's stages move them through their phases.
 
@@ -49,7 +49,7 @@ def _buildable() -> bool:
     return cached or shutil.which("go") is not None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterState]:
     if not _buildable():
         reason = "Go is not installed and no cluster binaries are cached (make cluster)"
@@ -64,7 +64,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterState]:
         lifecycle.down(home)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kube(cluster: ClusterState) -> Kube:
     return Kube(cluster.admin)
 
@@ -92,7 +92,7 @@ def service_account(state: ClusterState, name: str) -> client.ApiClient:
     return as_user(state, f"system:serviceaccount:{NAMESPACE}:{name}", ("system:serviceaccounts",))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def deployed(kube: Kube) -> list[tuple[str, dict[str, Any]]]:
     """Every manifest of deploy/kubernetes, applied as a platform team would."""
     applied = manifests()
