@@ -172,7 +172,9 @@ def test_broker_run_once_takes_one_step_and_records_it(
     (entry,) = DecisionJournal(broker_env["home"] / "broker.db").since(0)
     assert entry.action == "grow"
     assert main(["broker", "run", "--once", "--dry-run"]) == 0
-    assert capsys.readouterr().out.startswith("hold: 16 inference GPUs of 16")
+    assert capsys.readouterr().out.startswith(
+        "dry run (nothing moved): would hold: 16 inference GPUs of 16"
+    )
 
 
 def test_broker_settings_name_what_is_missing(

@@ -447,7 +447,7 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
 def cmd_broker_run(args: argparse.Namespace) -> int:
     import time as clock
 
-    from tideflow.broker.service import open_local, rebalance_once
+    from tideflow.broker.service import open_local, rebalance_step, step_line
     from tideflow.broker.settings import BrokerSettings
     from tideflow.config import Settings
 
@@ -468,12 +468,8 @@ def cmd_broker_run(args: argparse.Namespace) -> int:
     )
     steps = 0
     while True:
-        decision, applied = rebalance_once(load, actuator, config, book, act=not args.dry_run)
-        held = applied.inference_gpus if applied else decision.inference_gpus
-        print(
-            f"{decision.action}: {held} inference GPUs of {config.total_gpus}: {decision.reason}",
-            flush=True,
-        )
+        step = rebalance_step(load, actuator, config, book, act=not args.dry_run)
+        print(step_line(step, args.dry_run), flush=True)
         steps += 1
         if args.once or (args.steps and steps >= args.steps):
             return 0
@@ -747,8 +743,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--policy",
         default="tidal",
-        help="'tidal', 'static:N' (N inference GPUs), 'cron:H' (an hour-of-day schedule "
-        "with headroom H), or a bound: 'oracle' (knows each window's load), "
+        help="'tidal', 'static:N' (N inference GPUs, whole nodes), 'cron:H' (an hour-of-day "
+        "schedule with headroom H), or a bound: 'oracle' (knows each window's load), "
         "'oracle-burst-blind' (knows it but for the bursts; synthetic load only) or "
         "'oracle-hindsight[-cross]' (a forecast fitted to the trace, or to its other half)",
     )

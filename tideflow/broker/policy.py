@@ -152,6 +152,22 @@ def _whole_nodes_up(gpus: int, config: PolicyConfig) -> int:
     return math.ceil(gpus / config.node_gpus) * config.node_gpus
 
 
+def sizing(decision: Decision, config: PolicyConfig) -> str:
+    """The GPUs the load and forecast need (with headroom, before whole nodes), and what
+    the policy takes when it rounds them up to whole nodes: "needs 3 GPU(s), takes 4:
+    whole nodes of 4"."""
+    needed, wanted = decision.needed_now, decision.wanted
+    if needed is None and wanted is None:
+        return "needs: unknown"
+    floor_now = math.ceil(needed * (1 + config.headroom)) if needed is not None else 0
+    need = max(wanted or 0, floor_now)
+    takes = min(_whole_nodes_up(need, config), config.ceiling)
+    why = f" (load and forecast with {config.headroom:.0%} headroom)" if config.headroom else ""
+    if takes <= need:
+        return f"needs {need} GPU(s){why}"
+    return f"needs {need} GPU(s), takes {takes}: whole nodes of {config.node_gpus}{why}"
+
+
 def _shrinks(gangs: tuple[GangView, ...], gpus: int) -> list[Reclaim]:
     """Elastic gangs shrunk towards their minimum for up to ``gpus`` GPUs, none stopped.
 

@@ -24,7 +24,7 @@ from tideflow.broker.load import LoadSample, LoadSource, ServedWindow, ServingSi
 from tideflow.broker.load import LoadSourceError as LoadSourceError  # noqa: PLC0414 (callers)
 from tideflow.broker.local import LocalActuator
 from tideflow.broker.node_size import local_node_gpus, node_gpus
-from tideflow.broker.policy import Decision, GangView, PolicyConfig, Snapshot, decide
+from tideflow.broker.policy import Decision, GangView, PolicyConfig, Snapshot, decide, sizing
 from tideflow.broker.settings import BrokerSettings, latency_source_from, load_source_from
 from tideflow.broker.throughput import Served, Throughput, ThroughputLearner, recorded
 from tideflow.config import ConfigError, bad_setting
@@ -476,6 +476,35 @@ def _cluster_node_gpus(actuator: Any) -> int:
     return node_gpus(sizes, None, actuator.device_class, where)
 
 
+@dataclass(frozen=True)
+class Step:
+    """One broker step: when, what it decided, what the actuator did (None in a dry
+    run) and what the decision was made from."""
+
+    now_s: float
+    decision: Decision
+    applied: Any
+    snapshot: Snapshot
+    config: PolicyConfig
+
+
+def step_line(step: Step, dry_run: bool) -> str:
+    """A step as ``tideflow broker run`` prints it: the decision, when, the load read,
+    the forecast and the GPUs needed (rounded up to whole nodes, where it is), the reason.
+    A dry run says so, and what it would have done."""
+    decision, snapshot = step.decision, step.snapshot
+    held = step.applied.inference_gpus if step.applied else decision.inference_gpus
+    head = f"{decision.action}: {held} inference GPUs of {step.config.total_gpus}"
+    if dry_run:
+        head = f"dry run (nothing moved): would {head}"
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(step.now_s))
+    rps = snapshot.measured_rps
+    upper = snapshot.forecast.upper
+    load = "load: no data" if rps is None else f"load {rps:.0f} rps"
+    forecast = "forecast: none" if upper is None else f"forecast {upper:.0f} rps"
+    return f"{head}: {when}, {load}, {forecast}; {sizing(decision, step.config)}; {decision.reason}"
+
+
 def rebalance_once(
     load: LoadSource,
     actuator: Actuator,
@@ -485,6 +514,20 @@ def rebalance_once(
     *,
     act: bool = True,
 ) -> tuple[Decision, Any]:
+    step = rebalance_step(load, actuator, config, journal, now_s, act=act)
+    return step.decision, step.applied
+
+
+def rebalance_step(
+    load: LoadSource,
+    actuator: Actuator,
+    config: PolicyConfig,
+    journal: DecisionJournal,
+    now_s: float | None = None,
+    *,
+    act: bool = True,
+) -> Step:
+    """Observe, decide, act (unless ``act`` is False: a dry run) and record, once."""
     now = time.time() if now_s is None else now_s
     decision, snapshot = _decided(load, actuator, config, journal, now)
     applied = actuator.apply(decision) if act else None
@@ -513,4 +556,4 @@ def rebalance_once(
     counts = actuator.preemption_counts()
     if counts is not None:
         journal.record_preemptions(now, counts)
-    return decision, applied
+    return Step(now, decision, applied, snapshot, config)

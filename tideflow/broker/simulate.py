@@ -187,8 +187,13 @@ class SimulationConfig:
                 "(a bound that knows it but for the bursts) or 'oracle-hindsight[-cross]' "
                 "(a forecast fitted to the trace itself, or to its other half)"
             )
-        if not 0 <= int(value) <= self.total_gpus:
-            raise ValueError(f"policy {self.policy!r}: N must be within 0..{self.total_gpus}")
+        node, total = self.node_gpus, self.total_gpus
+        if not 0 <= int(value) <= total or int(value) % max(node, 1):
+            # the broker moves whole nodes: a split inside a node is not one it can hold
+            raise ValueError(
+                f"policy {self.policy!r}: N is inference's GPUs in whole {node}-GPU nodes "
+                f"of the {total}: accepted: 0, {node}, {2 * node}, ... {total // node * node}"
+            )
         return int(value)
 
     def cron_headroom(self) -> float | None:
@@ -346,8 +351,15 @@ def simulate(  # noqa: PLR0915 - one readable event loop
     cron = CronSchedule(headroom=cron_headroom) if cron_headroom is not None else None
     calibration = (
         SloCalibration(config.slo_target, step=config.slo_step)
-        # a cron's headroom is fixed; the burst-blind bound's insured share is its own
-        if config.slo_target is not None and cron is None and not blind and not hindsight
+        # a static split and a cron's headroom are fixed (no promise to print); the
+        # burst-blind bound's insured share is its own
+        if (
+            config.slo_target is not None
+            and static is None
+            and cron is None
+            and not blind
+            and not hindsight
+        )
         else None
     )
     margin = 0.0
