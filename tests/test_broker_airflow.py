@@ -49,7 +49,7 @@ def test_load_trigger_fires_when_the_policy_wants_more_inference(
 ) -> None:
     from dataclasses import asdict
 
-    from tideflow.broker.service import BrokerSettings
+    from tideflow.broker.settings import BrokerSettings
     from tideflow.operators.broker_triggers import BrokerDecisionTrigger
 
     settings = BrokerSettings.from_env()

@@ -11,7 +11,8 @@ import os
 
 from airflow.sdk import DAG
 
-from tideflow.broker.service import BROKER_DAG_ID, BrokerSettings
+from tideflow.broker.service import BROKER_DAG_ID
+from tideflow.broker.settings import BrokerSettings
 from tideflow.operators.broker import InferenceLoadSensor, RebalanceOperator
 
 __all__ = ["BROKER_DAG_ID", "broker_dag"]
