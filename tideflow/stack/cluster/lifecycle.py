@@ -14,10 +14,11 @@ from tideflow.stack.cluster.build import build_all
 from tideflow.stack.cluster.kubeapi import Kube
 from tideflow.stack.cluster.nodes import cluster_nodes
 from tideflow.stack.cluster.state import ClusterState
-from tideflow.stack.processes import group_alive, stop_group
+from tideflow.stack.processes import StackError, group_alive, stop_group
 from tideflow.stack.services import REPO, private_dir
 
 DEFAULT_NODES = REPO / "deploy" / "local" / "lab-cluster.yaml"
+START_ATTEMPTS = 2
 
 
 def running(home: Path) -> ClusterState | None:
@@ -40,8 +41,22 @@ def up(
     existing = running(home)
     if existing is not None:
         return existing
-    down(home)
     binaries = build_all(say)
+    for attempt in range(START_ATTEMPTS):
+        try:
+            return _start(home, cluster_file, binaries, say)
+        except StackError as exc:
+            # a free port picked, then taken by another process before the bind
+            if attempt + 1 == START_ATTEMPTS or "address already in use" not in str(exc):
+                raise
+            say(f"cluster start failed ({exc.__class__.__name__}); starting again")
+    raise AssertionError("unreachable")
+
+
+def _start(
+    home: Path, cluster_file: Path, binaries: dict[str, Path], say: Callable[[str], None]
+) -> ClusterState:
+    down(home)
     private_dir(home)
     shutil.rmtree(home / "etcd", ignore_errors=True)
     state = ClusterState(home=str(home))
