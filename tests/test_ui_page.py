@@ -394,11 +394,12 @@ def test_the_ledgers_teams_queue_and_journal_as_each_viewer_may_see_them(  # noq
         ("open/r1/train", "evict"),
     ]
     evict = journal[1].reason
-    assert evict.startswith(f"preempted by {HIDDEN_GANG}"), evict
+    # secret-team is below its nominal quota and vision above its own: a reclaim
+    assert evict.startswith(f"reclaimed for {HIDDEN_GANG}"), evict
     shown = [*map(asdict, rows), *map(asdict, queue), *map(asdict, journal)]
     assert "secret" not in json.dumps(shown)
     seen = preemption_journal(path, str(cluster), start - 1, viewer=admin)[1].reason
-    assert seen.startswith("preempted by secret/r1/train (priority 1000)"), seen
+    assert seen.startswith("reclaimed for secret/r1/train"), seen
     assert team_quotas(path, None, now, viewer=admin) == ([], False)  # no teams declared
     missing = tmp_path / "none.db"
     assert gang_queue(missing, str(cluster), now, viewer=admin) == []

@@ -74,7 +74,9 @@ def reclaim_reason(
     label = entry[1][0] if entry[1][1] is None else f"{entry[1][1]} {entry[1][0]}"
     nominal = teams.nominal(*entry)
     return (
-        f"reclaimed by {request.team} for {request.gang_id}: team {lease.team} uses "
+        # The gang is named, not its team: a viewer who may not see the gang must not
+        # learn its team either (tideflow.ui.access redacts gangs).
+        f"reclaimed for {request.gang_id}, within its team's quota: team {lease.team} uses "
         f"{nominal + over[entry]} of its {nominal} {label} quota"
     )
 
