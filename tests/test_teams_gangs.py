@@ -206,7 +206,8 @@ def test_a_team_below_its_quota_reclaims_it_from_a_borrower_of_another_lenders_q
     why = ledger.try_acquire(steady, "operator", 600)
     assert isinstance(why, Refusal)
     assert why.reason.startswith("stopping risk/month-end (checkpoint first)"), why.reason
-    assert "reclaimed for research/steady, within its team's quota: team risk uses 4 of its 2" in why.reason
+    reclaim = "reclaimed for research/steady, within its team's quota: team risk uses 4 of its 2"
+    assert reclaim in why.reason
     stop_for(ledger, backend, burst.gang_id)
     stopped = CheckpointManager(checkpoints).latest()
     assert stopped is not None and stopped.step >= 20  # checkpointed on notice

@@ -39,6 +39,10 @@ borrowing:
 """
 
 
+# What the ledger says when prod reclaims its quota from batch, which sits above its own.
+RECLAIM = "reclaimed for prod/serve, within its team's quota: team batch uses 4 of its 2"
+
+
 def test_a_team_below_nominal_reclaims_from_a_borrower_of_another_lenders_quota(
     tmp_path: Path,
 ) -> None:
@@ -53,7 +57,7 @@ def test_a_team_below_nominal_reclaims_from_a_borrower_of_another_lenders_quota(
     # prod, at 0 of its 2, asks: batch uses 4 of its 2 and must give 2 back
     why = refused(ledger, gang("prod/serve", "prod", 2)).reason
     assert why.startswith("stopping batch/more (checkpoint first)"), why
-    assert "reclaimed for prod/serve, within its team's quota: team batch uses 4 of its 2" in why, why
+    assert RECLAIM in why, why
     (eviction,) = ledger.evictions()
     assert (eviction.gang_id, eviction.by_gang) == ("batch/more", "prod/serve")
     assert eviction.deadline == clock.now + 45  # the grace of batch's borrowing rule
@@ -135,7 +139,7 @@ def test_the_gang_reclaimed_for_a_waiting_team_cannot_borrow_the_quota_back(
     serve = gang("prod/serve", "prod", 2, priority=0, klass="low")
     why = refused(ledger, serve).reason
     assert why.startswith("stopping batch/more (checkpoint first)"), why
-    assert "reclaimed for prod/serve, within its team's quota: team batch uses 4 of its 2" in why, why
+    assert RECLAIM in why, why
     assert ledger.evictions()[0].deadline == clock.now + 300  # no rule: the default grace
     ledger.release(more.lease_id)
     why = refused(ledger, gang("batch/more", "batch", 2)).reason
