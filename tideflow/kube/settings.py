@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, fields
 
-from tideflow.compile.team_queues import gpu_products
+from tideflow.compile.gpu_products import gpu_products
 from tideflow.config import ConfigError
 from tideflow.kube.volcano import KubeSettings
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tideflow.compile.team_queues import GPU_PRODUCTS, priority_class_name
+from tideflow.compile.gpu_products import GPU_PRODUCTS
+from tideflow.compile.team_queues import priority_class_name
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import (
     DEVICE_RESOURCES,
