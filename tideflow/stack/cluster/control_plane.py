@@ -77,7 +77,7 @@ def _insecure() -> ssl.SSLContext:
     return context
 
 
-def _launch(
+def launch(
     state: ClusterState,
     name: str,
     command: list[str],
@@ -112,7 +112,7 @@ def start_etcd(state: ClusterState, binaries: Path) -> None:
         # a test cluster: losing the last writes on a crash costs nothing, fsync costs seconds
         "--unsafe-no-fsync",
     ]
-    _launch(
+    launch(
         state,
         "etcd",
         command,
@@ -155,7 +155,7 @@ def start_apiserver(state: ClusterState, binaries: Path) -> None:
         "--endpoint-reconciler-type=none",
         "--allow-privileged=false",
     ]
-    _launch(
+    launch(
         state,
         "kube-apiserver",
         command,
@@ -185,7 +185,7 @@ def start_controller_manager(state: ClusterState, binaries: Path) -> None:
         f"--cluster-signing-cert-file={authority.cert}",
         f"--cluster-signing-key-file={authority.key}",
     ]
-    _launch(
+    launch(
         state,
         "kube-controller-manager",
         command,
@@ -209,7 +209,7 @@ def start_scheduler(state: ClusterState, binaries: Path) -> None:
         f"--cert-dir={home / 'pki' / 'scheduler'}",
         "--leader-elect=false",
     ]
-    _launch(
+    launch(
         state,
         "kube-scheduler",
         command,

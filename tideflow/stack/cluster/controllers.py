@@ -15,7 +15,7 @@ import yaml
 
 from tideflow.stack.cluster import pki
 from tideflow.stack.cluster.build import CLUSTER_DIR, COMPONENTS, Component
-from tideflow.stack.cluster.control_plane import START_TIMEOUT_S
+from tideflow.stack.cluster.control_plane import launch
 from tideflow.stack.cluster.kubeapi import Kube
 from tideflow.stack.cluster.manifests import (
     KUEUE_CONVERTED,
@@ -28,8 +28,8 @@ from tideflow.stack.cluster.manifests import (
     webhooks,
 )
 from tideflow.stack.cluster.nodes import KWOK_LABEL
-from tideflow.stack.cluster.state import ClusterState, Service
-from tideflow.stack.processes import StackError, free_port, start, wait_http
+from tideflow.stack.cluster.state import ClusterState
+from tideflow.stack.processes import StackError, free_port
 
 KUEUE_NAMESPACE = "kueue-system"
 # Kueue v0.17 reads its metrics server's certificate from this fixed path whenever its
@@ -53,18 +53,8 @@ def _webhook_certs(state: ClusterState, name: str) -> tuple[Path, bytes]:
 
 
 def _run(state: ClusterState, name: str, command: list[str], health_port: int, port: int) -> None:
-    home = Path(state.home)
-    log = home / "logs" / f"{name}.log"
-    pid = start(command, {"PATH": "/usr/bin:/bin", "HOME": str(home)}, log, cwd=home)
-    state.services[name] = Service(pid=pid, port=port, log=str(log))
-    state.save()
-    wait_http(
-        f"http://127.0.0.1:{health_port}/readyz",
-        timeout_s=START_TIMEOUT_S,
-        pgid=pid,
-        log_path=log,
-        name=name,
-    )
+    health = f"http://127.0.0.1:{health_port}/readyz"
+    launch(state, name, command, health=health, context=None, port=port)
 
 
 def _controller_config(api_version: str, port: int, health: int, certs: Path) -> dict[str, Any]:
@@ -172,15 +162,5 @@ def start_kwok(state: ClusterState, binaries: Path) -> None:
         f"--kubeconfig={state.admin}",
         f"--server-address=127.0.0.1:{health}",
     ]
-    home = Path(state.home)
-    log = home / "logs" / "kwok.log"
-    pid = start(command, {"PATH": "/usr/bin:/bin", "HOME": str(home)}, log, cwd=home)
-    state.services["kwok"] = Service(pid=pid, port=health, log=str(log))
-    state.save()
-    wait_http(
-        f"http://127.0.0.1:{health}/healthz",
-        timeout_s=START_TIMEOUT_S,
-        pgid=pid,
-        log_path=log,
-        name="kwok",
-    )
+    health_url = f"http://127.0.0.1:{health}/healthz"
+    launch(state, "kwok", command, health=health_url, context=None, port=health)
