@@ -1,0 +1,86 @@
+"""Size limits of the product code: no module over 400 lines, no function over 60.
+
+Code past a limit today is listed in ``tests/code_limits_exemptions.txt`` with
+its size. The list may only shrink: a listed item that grew fails, and so does
+one that is back under its limit (its line must then be deleted), so every
+split is kept.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = ("tideflow", "operators", "plugins", "dags")
+MODULE_LINES = 400
+FUNCTION_LINES = 60
+EXEMPTIONS = Path(__file__).with_name("code_limits_exemptions.txt")
+
+
+def measure(base: Path = REPO, roots: tuple[str, ...] = ROOTS) -> dict[str, int]:
+    """Every module and function over its limit, as ``path`` or ``path:function`` -> lines."""
+    over: dict[str, int] = {}
+    for path in sorted(p for root in roots for p in (base / root).rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        name = path.relative_to(base).as_posix()
+        lines = source.count("\n")
+        if lines > MODULE_LINES:
+            over[name] = lines
+        for node in ast.walk(ast.parse(source, filename=name)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > FUNCTION_LINES:
+                    key = f"{name}:{node.name}"
+                    over[key] = max(over.get(key, 0), length)
+    return over
+
+
+def exemptions() -> dict[str, int]:
+    allowed: dict[str, int] = {}
+    for number, raw in enumerate(EXEMPTIONS.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        item, _, size = line.rpartition(" ")
+        if not item or not size.isdigit():
+            pytest.fail(f"{EXEMPTIONS.name}:{number}: expected '<path[:function]> <lines>'")
+        allowed[item.strip()] = int(size)
+    return allowed
+
+
+def test_nothing_new_is_over_a_limit() -> None:
+    allowed = exemptions()
+    new = {item: n for item, n in measure().items() if item not in allowed}
+    assert not new, (
+        f"over {MODULE_LINES} lines per module or {FUNCTION_LINES} per function "
+        f"(split it; do not add it to {EXEMPTIONS.name}): {new}"
+    )
+
+
+def test_exempted_code_only_shrinks() -> None:
+    measured = measure()
+    grown = {i: (n, measured[i]) for i, n in exemptions().items() if measured.get(i, 0) > n}
+    assert not grown, f"exempted code grew (listed, now): {grown}"
+
+
+def test_exemptions_are_removed_once_met() -> None:
+    measured = measure()
+    met = sorted(item for item in exemptions() if item not in measured)
+    assert not met, f"now within the limits: delete from {EXEMPTIONS.name}: {met}"
+
+
+def test_the_measure_finds_long_modules_and_functions(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
+    (package / "fits.py").write_text(f"def fits():\n{body[: body.rindex(chr(10))]}\n")
+    (package / "long.py").write_text(
+        f"def long():\n{body}\n" + "\n" * (MODULE_LINES - FUNCTION_LINES)
+    )
+    assert measure(tmp_path, ("pkg",)) == {
+        "pkg/long.py": MODULE_LINES + 1,
+        "pkg/long.py:long": FUNCTION_LINES + 1,
+    }
