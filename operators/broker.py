@@ -12,9 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow.exceptions import AirflowException
 from airflow.sdk import BaseOperator, BaseSensorOperator, Context
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from tideflow.operators.broker_triggers import BrokerDecisionTrigger, CapacityTrigger
 
@@ -22,7 +21,7 @@ from tideflow.operators.broker_triggers import BrokerDecisionTrigger, CapacityTr
 def _state() -> tuple[dict[str, Any], str, str, str | None]:
     from dataclasses import asdict
 
-    from tideflow.broker.service import BrokerSettings
+    from tideflow.broker.settings import BrokerSettings
     from tideflow.config import Settings
 
     settings = BrokerSettings.from_env()
@@ -90,7 +89,8 @@ class RebalanceOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from pathlib import Path
 
-        from tideflow.broker.service import BrokerSettings, open_local, rebalance_once
+        from tideflow.broker.service import open_local, rebalance_once
+        from tideflow.broker.settings import BrokerSettings
 
         settings, ledger, journal, cluster = _state()
         load, actuator, config, book = open_local(

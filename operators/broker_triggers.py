@@ -49,7 +49,8 @@ class BrokerDecisionTrigger(BaseTrigger):
     def decide_now(
         settings: dict[str, Any], ledger: str, journal: str, cluster: str | None
     ) -> dict[str, Any]:
-        from tideflow.broker.service import BrokerSettings, open_local, peek
+        from tideflow.broker.service import open_local, peek
+        from tideflow.broker.settings import BrokerSettings
 
         load, actuator, config, book = open_local(
             BrokerSettings(**settings), Path(ledger), Path(journal), cluster

@@ -99,14 +99,14 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
             where = evaluation_device(self.devices, inventory)
             return self._evaluate(context, where, where.split("-")[0], None)
 
-        where = self._ledger_args(context)
-        ledger = open_ledger(Path(where["ledger_path"]), where["cluster_file"])
+        ledger_args = self._ledger_args(context)
+        ledger = open_ledger(Path(ledger_args["ledger_path"]), ledger_args["cluster_file"])
         choice = choose_device(
             ledger,
             self.devices,
-            gang_id=where["gang_id"],
+            gang_id=ledger_args["gang_id"],
             team=self.team,
-            holder=where["holder"],
+            holder=ledger_args["holder"],
             ttl_s=LEASE_TTL_S,
         )
         if not isinstance(choice, Refusal):
@@ -126,7 +126,7 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
                 ttl_s=LEASE_TTL_S,
                 deadline=deadline,
                 poll_s=self.poll_s,
-                **where,
+                **ledger_args,
             ),
             method_name="device_granted",
         )

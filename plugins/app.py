@@ -39,6 +39,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from tideflow.ui import (
     BROKER_VIEW,
+    ChampionRow,
     DagRunRow,
     Overview,
     PipelineRow,
@@ -130,7 +131,7 @@ def build_overview(user: Any) -> Overview:
         ),
     )
     mlflow_runs: dict[tuple[str, str], tuple[str, str]] = {}
-    model_rows = []
+    model_rows: list[ChampionRow] = []
     if tracking_enabled():
         try:
             mlflow_runs = pipeline_mlflow_runs({dag[0] for dag, _ in airflow_part})
