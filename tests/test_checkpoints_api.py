@@ -74,12 +74,13 @@ def gang(
     *,
     extra: tuple[str, ...] = (),
     max_restarts: int = 0,
+    workers: int = 2,
 ) -> GangJob:
     return GangJob(
         gang_id=gang_id,
         command=(sys.executable, str(script), *EPOCHS, "--out", str(out), *extra),
         env=env,
-        slots=tuple(WorkerSlot(rank, "localhost", ()) for rank in range(2)),
+        slots=tuple(WorkerSlot(rank, "localhost", ()) for rank in range(workers)),
         device_class="cpu",
         emulated=False,
         max_restarts=max_restarts,
@@ -94,9 +95,9 @@ def run(backend: LocalBackend, job: GangJob, timeout_s: float = 180) -> str:
     return log
 
 
-def report(out: Path) -> dict[str, Any]:
-    ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(2)]
-    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]  # one DDP model
+def report(out: Path, workers: int = 2) -> dict[str, Any]:
+    ranks = [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(workers)]
+    assert len({rank["weights_sha256"] for rank in ranks}) == 1  # one DDP model
     return ranks[0]  # type: ignore[no-any-return]
 
 
@@ -209,6 +210,46 @@ def test_sigterm_commits_exits_75_and_resumes_bitwise_exactly(
     run(backend, gang("evict", CHECKPOINTED, tmp_path / "out", env))  # devices are back
     assert f"resumed from checkpoint step {committed.step}" in log.read_text()
     assert report(tmp_path / "out")["weights_sha256"] == unmodified["weights_sha256"]
+
+
+@pytest.mark.parametrize("find_unused", [False, True], ids=["rebuilt-buckets", "fixed-buckets"])
+def test_four_ranks_resume_bitwise_exactly_when_ddp_keeps_its_bucket_layout(
+    tmp_path: Path, find_unused: bool
+) -> None:
+    """Both sides of the exact-resume line (tideflow.runtime.exact_resume).
+
+    With 4 ranks a DDP that re-lays its buckets after its first step (the
+    default) sums the first step after a restart in another order, so the
+    weights differ from an uninterrupted run in the last bits, and the resumed
+    run says so; with ``find_unused_parameters=True`` DDP keeps one layout and
+    the resume is bitwise exact.
+    """
+    flag = ("--find-unused-parameters",) if find_unused else ()
+    backend = LocalBackend(tmp_path / "gangs")
+    run(backend, gang("reference", PLAIN, tmp_path / "ref", {}, extra=flag, workers=4))
+    store = (tmp_path / "ckpt").as_uri()
+    env = policy(store, every_steps=100)
+    slow = gang(
+        "evict",
+        CHECKPOINTED,
+        tmp_path / "out",
+        env,
+        extra=(*flag, "--step-sleep", "0.1"),
+        workers=4,
+    )
+    backend.submit(slow)
+    wait_for_line(backend.log_path("evict"), "epoch 0: loss")
+    backend.preempt("evict")
+    assert backend.wait("evict", 120).state is GangState.PREEMPTED
+    log = run(backend, gang("evict", CHECKPOINTED, tmp_path / "out", env, extra=flag, workers=4))
+    assert "resumed from checkpoint step" in log
+    caveat = "with 4 ranks the result may differ from an uninterrupted run in the last bits"
+    same = (
+        report(tmp_path / "out", 4)["weights_sha256"]
+        == report(tmp_path / "ref", 4)["weights_sha256"]
+    )
+    assert same is find_unused
+    assert (caveat in log) is not find_unused
 
 
 def test_the_guard_stops_a_diverging_run_at_the_last_good_checkpoint(tmp_path: Path) -> None:

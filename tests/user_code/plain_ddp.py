@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--step-sleep", type=float, default=0.0, help="stand-in for a big model")
+    parser.add_argument("--find-unused-parameters", action="store_true")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -75,7 +76,9 @@ def main() -> None:
     data = make_data(args.seed)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(data, batch_size=32, sampler=sampler)
-    model = DistributedDataParallel(build_model())
+    model = DistributedDataParallel(
+        build_model(), find_unused_parameters=args.find_unused_parameters
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 

@@ -14,10 +14,9 @@ What a script gets for that, on every rank of a gang:
   policy: ``every_steps`` / ``every_seconds``, ``keep_last``, ``keep_best``),
   written asynchronously; a checkpoint is committed only when every rank's
   shard is in the store (``GangCommit``).
-* **Exact resume.** ``restore()`` loads the newest committed checkpoint into the
-  objects it was given and restores each rank's RNG streams. With
-  ``tideflow.ResumableSampler`` in place of ``DistributedSampler`` the data order
-  resumes at the sample where the run stopped.
+* **Exact resume.** ``restore()`` loads the newest committed checkpoint and each
+  rank's RNG streams; ``tideflow.ResumableSampler`` resumes the data order at the
+  sample where the run stopped (limits: ``tideflow.runtime.exact_resume``).
 * **Checkpoint-before-evict.** SIGTERM (a preemption, the broker taking devices
   back, a node drain) is only recorded; at the next ``save`` every rank agrees,
   the current state is committed, and the process exits 75, which every
@@ -27,10 +26,10 @@ What a script gets for that, on every rank of a gang:
   without saving it, marks the newest committed checkpoint ``last-good`` and
   exits 76, which no backend restarts.
 
-``save`` is called on every rank at the same steps (it runs one small
-collective to agree on stopping and on time-based saves), after the optimizer
-step. Outside a gang, or without a checkpoint policy, the calls are cheap
-no-ops apart from the guard and SIGTERM handling.
+``save`` is called on every rank at the same steps, after the optimizer step (it
+runs one small collective to agree on stopping and on time-based saves).
+Outside a gang or without a checkpoint policy, the calls are cheap no-ops
+apart from the guard and SIGTERM handling.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from tideflow.config import EXIT_HUNG, HANG_TIMEOUT_ENV
 from tideflow.runtime.checkpointing import AsyncCheckpointer
 from tideflow.runtime.config import EnvConfig
 from tideflow.runtime.distributed import DistInfo
+from tideflow.runtime.exact_resume import resume_caveat
 from tideflow.runtime.health import HealthGuard, TrainingUnhealthy
 from tideflow.runtime.metrics import MetricsLogger
 from tideflow.runtime.preemption import EXIT_PREEMPTED, EXIT_UNHEALTHY, PreemptionWatcher
@@ -127,11 +127,9 @@ class Checkpoints:
             if name == OWN_KEY:
                 raise ValueError(f"'{OWN_KEY}' is tideflow's own entry; name the object otherwise")
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                hint = (
-                    "; use tideflow.ResumableSampler, a DistributedSampler that resumes"
-                    if isinstance(obj, torch.utils.data.Sampler)
-                    else ""
-                )
+                hint = ""
+                if isinstance(obj, torch.utils.data.Sampler):
+                    hint = "; use tideflow.ResumableSampler, a DistributedSampler that resumes"
                 raise TypeError(
                     f"tideflow.checkpoints({name}=...): a {type(obj).__name__} has no "
                     f"state_dict()/load_state_dict(){hint}"
@@ -139,6 +137,7 @@ class Checkpoints:
         self.stateful = {name: _unwrap(obj) for name, obj in stateful.items()}
         self.config = EnvConfig.from_env()
         self.dist = _dist_info()
+        self.resume_caveat = resume_caveat(stateful, self.dist.world_size)
         self.exit_on_stop = exit_on_stop
         self.guard_metric = guard
         self.guard = HealthGuard()
@@ -183,8 +182,7 @@ class Checkpoints:
             )
             return 0
         step, shared, mine = resumed
-        missing = [name for name in self.stateful if name not in shared]
-        if missing:
+        if missing := [name for name in self.stateful if name not in shared]:
             raise RuntimeError(
                 f"checkpoint step {step} has no state for {missing}; it has "
                 f"{sorted(k for k in shared if k != OWN_KEY)}: pass the same names to "
@@ -203,6 +201,7 @@ class Checkpoints:
         self.saved_step = step
         self.watchdog.progressed()  # loading a big checkpoint is progress
         self._say(f"resumed from checkpoint step {step} (restart {self.config.restart_count})")
+        self._say(self.resume_caveat or "")
         return int(step)
 
     # -- saving ---------------------------------------------------------------------
@@ -335,7 +334,7 @@ class Checkpoints:
             raise SystemExit(code)
 
     def _say(self, text: str, *, always: bool = False) -> None:
-        if always or self.dist.is_main:
+        if text and (always or self.dist.is_main):
             print(f"tideflow: rank {self.dist.rank}: {text}", file=sys.stderr, flush=True)
 
 
