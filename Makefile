@@ -65,7 +65,7 @@ bench: bootstrap ## Run the DAG-parsing benchmark (installs the dag-factory base
 	$(PY) bench/parse_dags.py
 
 docs: bootstrap ## Build the documentation site into site/ (strict: any warning fails)
-	$(PY) -m mkdocs build --strict --clean
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --clean
 
 clean: down cluster-down ## Stop the stack and delete local state (.tideflow/)
 	rm -rf .tideflow

@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-
 GENERATED = {
     "reference/cli.md": "cli_page",
     "reference/pipeline-fields.md": "pipeline_page",
@@ -77,14 +76,18 @@ def commands(
 
 
 def _option_row(action: argparse.Action) -> str:
-    names = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.metavar or action.dest}`"
+    names = (
+        ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.metavar or action.dest}`"
+    )
     if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
         choices = ", ".join(f"`{c}`" for c in action.choices)
     else:
         choices = ""
     default = action.default
-    shown = "" if default in (None, False, [], argparse.SUPPRESS) or action.required else f"`{default}`"
-    required = "yes" if action.required else ""
+    unset = default in (None, False, [], argparse.SUPPRESS)
+    shown = "" if unset or action.required else f"`{default}`"
+    optional = action.option_strings or action.nargs in ("?", "*")
+    required = "" if optional and not (action.option_strings and action.required) else "yes"
     return f"| {names} | {_cell(action.help or '')} | {choices} | {shown} | {required} |"
 
 
@@ -253,16 +256,62 @@ def exit_codes() -> list[tuple[int, str, str]]:
     from tideflow.steps.runner import EXIT_BAD_ENTRYPOINT, EXIT_BAD_OUTPUTS
 
     return [
-        (0, "every command", "success (`validate`: every file valid; `run`: the DAG run succeeded)"),
-        (1, "`tideflow`", "a pipeline or cluster file is invalid, a `--param` is refused, or the run failed"),
-        (2, "`tideflow`", "a setting is refused (the message names the variable and what is accepted), or the command line is wrong"),
-        (130, "`tideflow run`", "interrupted (Ctrl-C or SIGTERM); the run's gangs are stopped and their leases freed"),
-        (EXIT_BAD_ENTRYPOINT, "step process", "the entry point could not be imported or called"),
-        (EXIT_BAD_OUTPUTS, "step process", "the entry point returned outputs that are not a mapping of declared names to strings"),
-        (EXIT_PREEMPTED, "gang worker", "preempted after committing a checkpoint: resumable; every backend resumes it and it does not count as a restart"),
-        (EXIT_UNHEALTHY, "gang worker", "stopped by the health guard (non-finite or exploding metric); `last-good` marked; never restarted"),
-        (EXIT_HUNG, "gang worker", "no `save` for the step's `hang_timeout`: stacks dumped; the gang restarts, and a second hang at the same step fails it"),
-        (EXIT_STOPPED, "gang pod, Argo gang driver", "stopped from outside by SIGTERM (evicted, deleted, `argo stop`); not a failure of the code"),
+        (
+            0,
+            "every command",
+            "success (`validate`: every file valid; `run`: the DAG run succeeded)",
+        ),
+        (
+            1,
+            "`tideflow`",
+            "a pipeline or cluster file is invalid, a `--param` is refused, or the run failed",
+        ),
+        (
+            2,
+            "`tideflow`",
+            "a setting is refused (the message names the variable and what is accepted), "
+            "or the command line is wrong",
+        ),
+        (
+            130,
+            "`tideflow run`",
+            "interrupted (Ctrl-C or SIGTERM); the run's gangs are stopped and their leases freed",
+        ),
+        (
+            EXIT_BAD_ENTRYPOINT,
+            "step process",
+            "the entry point could not be loaded (import error, or not a function)",
+        ),
+        (
+            EXIT_BAD_OUTPUTS,
+            "step process",
+            "the entry point returned something other than a mapping of names to strings "
+            "(paths, URIs) or numbers (metrics)",
+        ),
+        (
+            EXIT_PREEMPTED,
+            "gang worker",
+            "preempted after committing a checkpoint: resumable; every backend resumes it, "
+            "and it does not count as a restart",
+        ),
+        (
+            EXIT_UNHEALTHY,
+            "gang worker",
+            "stopped by the health guard (non-finite or exploding metric); `last-good` "
+            "marked; never restarted",
+        ),
+        (
+            EXIT_HUNG,
+            "gang worker",
+            "no `save` for the step's `hang_timeout`: stacks dumped; the gang restarts, "
+            "and a second hang at the same step fails it",
+        ),
+        (
+            EXIT_STOPPED,
+            "gang pod, Argo gang driver",
+            "stopped from outside by SIGTERM (evicted, deleted, `argo stop`); "
+            "not a failure of the code",
+        ),
     ]
 
 
@@ -277,9 +326,9 @@ def exit_codes_page() -> str:
 
 def settings() -> list[Any]:
     """Every declared TIDEFLOW_* setting, in declaration order."""
-    from tideflow.settings_registry import declared
+    from tideflow.settings_registry import SETTINGS
 
-    return list(declared.BY_NAME.values())
+    return list(SETTINGS)
 
 
 def environment_page() -> str:
