@@ -1,12 +1,12 @@
 """What each pipeline or cluster file field means, where its JSON Schema has no description.
 
-Keyed by the field's path as the reference shows it (`steps[].name`). The schema's own
+Per kind of file, keyed by the field's path as the reference shows it
+(`steps[].name`). The schema's own
 description wins; `tests/test_docs_reference.py` fails when a path here is no longer
 a field, or when a field is described in neither place.
 """
 
-FIELD_HELP: dict[str, str] = {
-    # pipeline files
+PIPELINE_HELP: dict[str, str] = {
     "apiVersion": "The format's version.",
     "kind": "What the file declares.",
     "metadata": "Name, team, schedule and how Airflow shows the DAG.",
@@ -75,7 +75,12 @@ FIELD_HELP: dict[str, str] = {
     "steps[].promote_checkpoint.gate": "What a challenger must reach, and how it is compared "
     "with the champion.",
     "steps[].promote_checkpoint.gate.mode": "Whether higher (`max`) or lower (`min`) is better.",
-    # cluster files
+}
+
+CLUSTER_HELP: dict[str, str] = {
+    "apiVersion": "The format's version.",
+    "kind": "What the file declares.",
+    "metadata": "The cluster's name.",
     "metadata.name": "The cluster's name (in messages).",
     "nodes": "The node groups gangs are placed on.",
     "nodes[].name": "The group's name.",
@@ -102,3 +107,5 @@ FIELD_HELP: dict[str, str] = {
     "borrowing[].borrower": "The team that may borrow it.",
     "scheduling": "Reservations and fair sharing.",
 }
+
+FIELD_HELP: dict[str, dict[str, str]] = {"pipeline": PIPELINE_HELP, "cluster": CLUSTER_HELP}

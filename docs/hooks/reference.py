@@ -37,7 +37,7 @@ OUTPUT_MARK = re.compile(r"^<!-- tideflow-output: (.+?) -->$", re.MULTILINE)
 REPO = Path(__file__).resolve().parents[2]
 # What a field means where its schema has no description (fields.py; a test checks
 # that every path there exists and that every field is described).
-FIELD_HELP: dict[str, str] = runpy.run_path(str(Path(__file__).with_name("fields.py")))[
+FIELD_HELP: dict[str, dict[str, str]] = runpy.run_path(str(Path(__file__).with_name("fields.py")))[
     "FIELD_HELP"
 ]
 NOTE = "*Generated from the code by `docs/hooks/reference.py` at build time.*\n\n"
@@ -170,9 +170,12 @@ def _children(node: dict[str, Any], defs: dict[str, Any]) -> Iterator[tuple[str,
                         yield ".<name>", item
 
 
-def schema_fields(schema: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every field of a schema, depth first: path, type, default, required, description."""
+def schema_fields(schema: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """Every field of a schema, depth first: path, type, default, required, description.
+
+    ``kind`` ("pipeline" or "cluster") picks the descriptions of docs/hooks/fields.py."""
     defs = schema.get("$defs", {})
+    help_ = FIELD_HELP[kind]
     rows: list[dict[str, Any]] = []
 
     def walk(obj: dict[str, Any], prefix: str) -> None:
@@ -186,7 +189,7 @@ def schema_fields(schema: dict[str, Any]) -> list[dict[str, Any]]:
                     "default": node.get("default"),
                     "has_default": "default" in node,
                     "required": name in required,
-                    "description": node.get("description") or FIELD_HELP.get(path, ""),
+                    "description": node.get("description") or help_.get(path, ""),
                 }
             )
             for suffix, child in _children(node, defs):
@@ -214,12 +217,15 @@ def _schema_page(kind: str, title: str, intro: str) -> str:
 
     schema = pipeline_schema() if kind == "pipeline" else cluster_schema()
     groups: dict[str, list[dict[str, Any]]] = {}
-    for row in schema_fields(schema):
+    for row in schema_fields(schema, kind):
         top = row["path"].split(".")[0].split("[")[0]
         groups.setdefault(top, []).append(row)
-    out = [f"# {title}\n", NOTE, intro, ""]
+    # Fields with nothing below them share one table; each other gets its own section.
+    single = [rows[0] for rows in groups.values() if len(rows) == 1]
+    out = [f"# {title}\n", NOTE, intro, "", "## Top level\n", _fields_table(single), ""]
     for top, rows in groups.items():
-        out += [f"## `{top}`\n", _fields_table(rows), ""]
+        if len(rows) > 1:
+            out += [f"## `{top}`\n", _fields_table(rows), ""]
     return "\n".join(out)
 
 
