@@ -1,9 +1,15 @@
-"""What each pipeline or cluster file field means, where its JSON Schema has no description.
+"""The words the generated reference adds to what the code says.
+
+FIELD_HELP: what each pipeline or cluster file field means, where its JSON Schema
+has no description.
 
 Per kind of file, keyed by the field's path as the reference shows it
 (`steps[].name`). The schema's own
 description wins; `tests/test_docs_reference.py` fails when a path here is no longer
 a field, or when a field is described in neither place.
+
+EXIT_CODE_HELP: what each exit code means; a name is the constant in the code
+that holds the number (docs/hooks/reference.py reads it from there).
 """
 
 PIPELINE_HELP: dict[str, str] = {
@@ -109,3 +115,58 @@ CLUSTER_HELP: dict[str, str] = {
 }
 
 FIELD_HELP: dict[str, dict[str, str]] = {"pipeline": PIPELINE_HELP, "cluster": CLUSTER_HELP}
+
+EXIT_CODE_HELP: list[tuple[int | str, str, str]] = [
+    (0, "every command", "success (`validate`: every file valid; `run`: the run succeeded)"),
+    (
+        1,
+        "`tideflow`",
+        "a pipeline or cluster file is invalid, a `--param` is refused, or the run failed",
+    ),
+    (
+        2,
+        "`tideflow`",
+        "a setting is refused (the message names the variable and what "
+        "is accepted), or the command line is wrong",
+    ),
+    (
+        130,
+        "`tideflow run`",
+        "interrupted (Ctrl-C or SIGTERM); the run's gangs are stopped and their leases freed",
+    ),
+    (
+        "EXIT_BAD_ENTRYPOINT",
+        "step process",
+        "the entry point could not be loaded (import error, or not a function)",
+    ),
+    (
+        "EXIT_BAD_OUTPUTS",
+        "step process",
+        "the entry point returned something other than "
+        "a mapping of names to strings (paths, URIs) or numbers (metrics)",
+    ),
+    (
+        "EXIT_PREEMPTED",
+        "gang worker",
+        "preempted after committing a checkpoint: resumable; "
+        "every backend resumes it, and it does not count as a restart",
+    ),
+    (
+        "EXIT_UNHEALTHY",
+        "gang worker",
+        "stopped by the health guard (non-finite or "
+        "exploding metric); `last-good` marked; never restarted",
+    ),
+    (
+        "EXIT_HUNG",
+        "gang worker",
+        "no `save` for the step's `hang_timeout`: stacks dumped; "
+        "the gang restarts, and a second hang at the same step fails it",
+    ),
+    (
+        "EXIT_STOPPED",
+        "gang pod, Argo gang driver",
+        "stopped from outside by SIGTERM "
+        "(evicted, deleted, `argo stop`); not a failure of the code",
+    ),
+]

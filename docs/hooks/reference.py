@@ -37,9 +37,9 @@ OUTPUT_MARK = re.compile(r"^<!-- tideflow-output: (.+?) -->$", re.MULTILINE)
 REPO = Path(__file__).resolve().parents[2]
 # What a field means where its schema has no description (fields.py; a test checks
 # that every path there exists and that every field is described).
-FIELD_HELP: dict[str, dict[str, str]] = runpy.run_path(str(Path(__file__).with_name("fields.py")))[
-    "FIELD_HELP"
-]
+_WORDS = runpy.run_path(str(Path(__file__).with_name("fields.py")))
+FIELD_HELP: dict[str, dict[str, str]] = _WORDS["FIELD_HELP"]
+EXIT_CODE_HELP: list[tuple[int | str, str, str]] = _WORDS["EXIT_CODE_HELP"]
 NOTE = "*Generated from the code by `docs/hooks/reference.py` at build time.*\n\n"
 
 
@@ -255,70 +255,21 @@ def cluster_page() -> str:
 
 
 def exit_codes() -> list[tuple[int, str, str]]:
-    """(code, who exits with it, meaning), the numbers read from the code."""
+    """(code, who exits with it, meaning): the numbers read from the code's constants."""
     from tideflow.backends.local_supervisor import EXIT_PREEMPTED, EXIT_UNHEALTHY
     from tideflow.config import EXIT_HUNG
     from tideflow.gangs.driver import EXIT_STOPPED
     from tideflow.steps.runner import EXIT_BAD_ENTRYPOINT, EXIT_BAD_OUTPUTS
 
-    return [
-        (
-            0,
-            "every command",
-            "success (`validate`: every file valid; `run`: the DAG run succeeded)",
-        ),
-        (
-            1,
-            "`tideflow`",
-            "a pipeline or cluster file is invalid, a `--param` is refused, or the run failed",
-        ),
-        (
-            2,
-            "`tideflow`",
-            "a setting is refused (the message names the variable and what is accepted), "
-            "or the command line is wrong",
-        ),
-        (
-            130,
-            "`tideflow run`",
-            "interrupted (Ctrl-C or SIGTERM); the run's gangs are stopped and their leases freed",
-        ),
-        (
-            EXIT_BAD_ENTRYPOINT,
-            "step process",
-            "the entry point could not be loaded (import error, or not a function)",
-        ),
-        (
-            EXIT_BAD_OUTPUTS,
-            "step process",
-            "the entry point returned something other than a mapping of names to strings "
-            "(paths, URIs) or numbers (metrics)",
-        ),
-        (
-            EXIT_PREEMPTED,
-            "gang worker",
-            "preempted after committing a checkpoint: resumable; every backend resumes it, "
-            "and it does not count as a restart",
-        ),
-        (
-            EXIT_UNHEALTHY,
-            "gang worker",
-            "stopped by the health guard (non-finite or exploding metric); `last-good` "
-            "marked; never restarted",
-        ),
-        (
-            EXIT_HUNG,
-            "gang worker",
-            "no `save` for the step's `hang_timeout`: stacks dumped; the gang restarts, "
-            "and a second hang at the same step fails it",
-        ),
-        (
-            EXIT_STOPPED,
-            "gang pod, Argo gang driver",
-            "stopped from outside by SIGTERM (evicted, deleted, `argo stop`); "
-            "not a failure of the code",
-        ),
-    ]
+    constants = {
+        "EXIT_BAD_ENTRYPOINT": EXIT_BAD_ENTRYPOINT,
+        "EXIT_BAD_OUTPUTS": EXIT_BAD_OUTPUTS,
+        "EXIT_PREEMPTED": EXIT_PREEMPTED,
+        "EXIT_UNHEALTHY": EXIT_UNHEALTHY,
+        "EXIT_HUNG": EXIT_HUNG,
+        "EXIT_STOPPED": EXIT_STOPPED,
+    }
+    return [(constants.get(str(c), c), who, m) for c, who, m in EXIT_CODE_HELP]
 
 
 def exit_codes_page() -> str:
