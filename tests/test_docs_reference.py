@@ -120,3 +120,16 @@ def test_every_page_the_site_links_exists() -> None:
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
         if "://" not in target:
             assert (ROOT / target).exists(), target
+
+
+def test_help_says_what_broker_run_and_argo_compile_do() -> None:
+    """`broker run` acts on a cluster too; the Argo gang step runs the gang driver."""
+    helps = {
+        full: (sub.description or "", help_)
+        for full, sub, help_ in HOOK["commands"](build_parser())
+    }
+    _, run_help = helps["tideflow broker run"]
+    assert "Kubernetes" in run_help and "on the local backend" not in run_help
+    compile_description, _ = helps["tideflow compile"]
+    assert "gang driver" in compile_description
+    assert "the gang step as a Volcano Job" not in compile_description
