@@ -8,6 +8,7 @@ It sits below every other package so that each may import it.
 """
 
 from tideflow.settings_registry.access import (
+    check_set,
     declared,
     env_number,
     flag,
@@ -39,6 +40,7 @@ __all__ = [
     "Reader",
     "Setting",
     "bad_setting",
+    "check_set",
     "declared",
     "env_number",
     "flag",

@@ -12,8 +12,8 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from tideflow.settings_registry.declared import BY_NAME
-from tideflow.settings_registry.model import FLAG_WORDS, Setting, bad_setting
+from tideflow.settings_registry.declared import BY_NAME, SETTINGS
+from tideflow.settings_registry.model import FLAG_WORDS, Reader, Setting, bad_setting
 
 Environ = Mapping[str, str] | None
 
@@ -118,3 +118,12 @@ def env_number(
     if not math.isfinite(value) or (whole and not value.is_integer()) or not ok(value):
         raise bad_setting(name, given, accepted)
     return int(value) if whole else value
+
+
+def check_set(reader: Reader, environ: Environ = None) -> None:
+    """Check every setting ``reader`` reads that is set against its declaration (its
+    kind, bounds and words; a form's own reader checks its form): a process calls it
+    as it starts, so that a bad setting fails there, named, not later, deep inside."""
+    for setting in SETTINGS:
+        if reader in setting.readers and (value := _given(setting.name, environ)) is not None:
+            setting.check(value)

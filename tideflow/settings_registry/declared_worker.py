@@ -19,6 +19,7 @@ WORKER = (
         "uri",
         "The gang step's checkpoint store (unset: no checkpoints, start at step 0).",
         "a store URI",
+        blank_is_unset=True,
         default_note="none",
     ),
     _worker(
@@ -71,7 +72,14 @@ WORKER = (
         "a device class (cpu, gpu, npu, ...)",
         default="cpu",
     ),
-    _worker("TIDEFLOW_EMULATED", "flag", "1: run on the CPU in place of the class.", "1, 0"),
+    _worker(
+        "TIDEFLOW_EMULATED",
+        "flag",
+        "1: run on the CPU in place of the class.",
+        "1, 0",
+        default="0",
+        blank_is_unset=True,
+    ),
     _worker(
         "TIDEFLOW_RESTART_COUNT",
         "whole",
