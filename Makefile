@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 .DEFAULT_GOAL := help
 
-.PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast lint fmt schema constraints bench clean
+.PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast lint fmt schema constraints bench docs clean
 
 help: ## Show the available targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -63,6 +63,9 @@ constraints: ## Re-pin deploy/local/constraints.txt from the current .venv
 bench: bootstrap ## Run the DAG-parsing benchmark (installs the dag-factory baseline)
 	$(PY) -m pip install --quiet -c deploy/local/constraints.txt -e '.[bench]'
 	$(PY) bench/parse_dags.py
+
+docs: bootstrap ## Build the documentation site into site/ (strict: any warning fails)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --clean
 
 clean: down cluster-down ## Stop the stack and delete local state (.tideflow/)
 	rm -rf .tideflow

@@ -2,4 +2,4 @@
 
 from tideflow.dag.broker import broker_dag
 
-dag = broker_dag()
+dag = broker_dag(dag_file=__file__)

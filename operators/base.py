@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator, Context
 
 from tideflow.config import Settings
 from tideflow.operators.links import MLFLOW_RUN_URL_KEY, MlflowRunLink
+from tideflow.operators.settings_check import check_settings_at_start
 from tideflow.operators.templating import render_typed, template_env
 from tideflow.steps.context import StepContext
 
@@ -42,6 +43,10 @@ class TideflowOperator(BaseOperator):
         # Airflow's task runner passes the DAG's environment; ours compiles templates to
         # yield values, which the DAG's (sandboxed, text) environment cannot.
         super().render_template_fields(context, template_env())
+
+    def pre_execute(self, context: Any) -> None:
+        """A setting the step cannot use fails it here, named (``settings_check``)."""
+        check_settings_at_start()
 
     def _render(self, template: Any, context: Any, dag: Any = None) -> Any:
         return render_typed(template, context)

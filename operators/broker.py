@@ -15,7 +15,9 @@ from typing import Any
 from airflow.sdk import BaseOperator, BaseSensorOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
+from tideflow import settings_registry as registry
 from tideflow.operators.broker_triggers import BrokerDecisionTrigger, CapacityTrigger
+from tideflow.operators.settings_check import check_settings_at_start, settings_fail_the_task
 
 
 def _state() -> tuple[dict[str, Any], str, str, str | None]:
@@ -24,13 +26,15 @@ def _state() -> tuple[dict[str, Any], str, str, str | None]:
     from tideflow.broker.settings import BrokerSettings
     from tideflow.config import Settings
 
-    settings = BrokerSettings.from_env()
+    with settings_fail_the_task():  # a setting it cannot use: one message, final
+        registry.check_set("broker")
+        settings = BrokerSettings.from_env()
+        paths = Settings.from_env()
     if settings is None:
         raise AirflowException(
             "tideflow broker: TIDEFLOW_BROKER_LOAD is not set (trace:PATH.csv, "
             "prometheus:URL|QUERY or synthetic:MEAN_RPS)"
         )
-    paths = Settings.from_env()
     return asdict(settings), str(paths.ledger_path), str(paths.broker_journal_path), paths.cluster
 
 
@@ -152,9 +156,7 @@ class GpuCapacitySensor(BaseSensorOperator):
         self.poll_s = poll_s
 
     def _paths(self) -> tuple[str, str | None]:
-        from tideflow.config import Settings
-
-        settings = Settings.from_env()
+        settings = check_settings_at_start()
         return str(settings.ledger_path), settings.cluster
 
     def poke(self, context: Context) -> bool:

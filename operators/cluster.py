@@ -14,11 +14,13 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from tideflow import settings_registry as registry
+
 CONN_ENV = "TIDEFLOW_K8S_CONN_ID"
 
 
 def api_client() -> Any:
-    conn_id = os.environ.get(CONN_ENV)
+    conn_id = registry.optional_text(CONN_ENV)
     if conn_id:
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
@@ -38,7 +40,7 @@ def cluster_backend() -> Any:
 @contextlib.asynccontextmanager
 async def async_api_client() -> AsyncIterator[Any]:
     """A ``kubernetes_asyncio`` client for triggers: watches without holding a thread."""
-    conn_id = os.environ.get(CONN_ENV)
+    conn_id = registry.optional_text(CONN_ENV)
     if conn_id:
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 

@@ -49,7 +49,7 @@ def test_the_broker_role_lives_in_the_default_namespace(monkeypatch: pytest.Monk
 
 
 def test_the_deploy_guide_names_each_setting_that_must_match() -> None:
-    guide = (RBAC.parent.parent.parent / "docs" / "deploy-kubernetes.md").read_text()
+    guide = (RBAC.parent.parent.parent / "docs" / "how-to" / "deploy-kubernetes.md").read_text()
     for setting in (
         "TIDEFLOW_K8S_NAMESPACE",
         "TIDEFLOW_K8S_INFERENCE_DEPLOYMENT",

@@ -34,7 +34,7 @@ from tests.vap_cel import evaluate
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "kubernetes"
 VALUES = REPO / "deploy" / "helm" / "airflow-values.yaml"
-GUIDE = REPO / "docs" / "deploy-kubernetes.md"
+GUIDE = REPO / "docs" / "how-to" / "deploy-kubernetes.md"
 K8S_VERSION = "1.33"
 
 

@@ -21,7 +21,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 CHARTS = REPO.parent / "shared" / "schemas" / "airflow-chart"
 VALUES = REPO / "deploy" / "helm" / "airflow-values.yaml"
-GUIDE = REPO / "docs" / "deploy-kubernetes.md"
+GUIDE = REPO / "docs" / "how-to" / "deploy-kubernetes.md"
 
 pytestmark = pytest.mark.skipif(
     not CHARTS.is_dir(), reason="needs ../shared/schemas/airflow-chart (the chart schemas)"

@@ -16,7 +16,7 @@ An evaluation entry point or a promotion builder reads its checkpoint with
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Checkpoints", "ResumableSampler", "TrainedCheckpoint", "checkpoints"]
 
 

@@ -554,7 +554,8 @@ def _add_compile(sub: Any) -> None:
         "compile",
         help="compile a pipeline for an engine: an Argo WorkflowTemplate, or the Airflow DAG",
         description="Compile a pipeline. --target argo writes an Argo WorkflowTemplate "
-        "(one DAG task per step, the gang step as a Volcano Job) to "
+        "(one DAG task per step; the gang step runs the gang driver, which submits the gang "
+        "to the cluster's gang scheduler and follows it) to "
         "DIR/<pipeline>.workflowtemplate.yaml, and for a scheduled pipeline a CronWorkflow "
         "that submits it to DIR/<pipeline>.cronworkflow.yaml (without -o: both printed, "
         "as one YAML stream); namespace, image, "
@@ -770,7 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run_broker = broker_sub.add_parser(
         "run",
-        help="run the broker as a service on the local backend",
+        help="run the broker as a service, on the local lease ledger or a Kubernetes cluster",
         description="Observe, decide, act and record every --interval seconds, against the "
         "lease ledger under TIDEFLOW_HOME or a Kubernetes cluster (settings from "
         "TIDEFLOW_BROKER_* and TIDEFLOW_K8S_*). The same policy and code as the "

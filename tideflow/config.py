@@ -6,48 +6,29 @@ artifacts go, which MLflow server, which cluster inventory) is configuration.
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tideflow import settings_registry as registry
+from tideflow.settings_registry import BACKENDS, ConfigError, bad_setting, env_number
 
-class ConfigError(ValueError):
-    """A setting that cannot be used: an environment variable, a cluster file, a flag,
-    a server it names. Its message names the setting, the value and what is accepted;
-    the CLI prints it and exits 2, never with a traceback (a ValueError still, so that
-    callers catching those keep working)."""
-
-
-def bad_setting(name: str, value: str | None, accepted: str, why: str = "") -> ConfigError:
-    """``NAME='value': why; accepted: ...`` (``NAME (unset)`` when it is not set)."""
-    shown = f"{name} (unset)" if value is None else f"{name}={value!r}"
-    return ConfigError(f"{shown}: {why + '; ' if why else ''}accepted: {accepted}")
-
-
-def env_number(
-    name: str,
-    default: str | None,
-    accepted: str,
-    ok: Callable[[float], bool] = lambda _: True,
-    *,
-    whole: bool = False,
-) -> float:
-    """The environment variable ``name`` (``default`` when unset) as a finite number
-    that ``ok`` accepts, a whole one when ``whole``; else ``ConfigError`` naming it."""
-    text = os.environ.get(name, default)
-    try:
-        value = float(text) if text is not None else math.nan
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or (whole and not value.is_integer()) or not ok(value):
-        raise bad_setting(name, os.environ.get(name), accepted)
-    return int(value) if whole else value
+__all__ = [
+    "BACKENDS",
+    "EXIT_HUNG",
+    "HANG_TIMEOUT_ENV",
+    "PROGRESS_FILE_ENV",
+    "ConfigError",
+    "Settings",
+    "bad_setting",
+    "env_number",
+]
 
 
 def _home() -> Path:
-    text = os.environ.get("TIDEFLOW_HOME")
+    text = registry.raw("TIDEFLOW_HOME")
+    if text is not None:
+        registry.declared("TIDEFLOW_HOME").check(text)
     home = Path(Path.cwd() / ".tideflow" if text is None else text).resolve()
     # the state files are made under it: a file on its path would fail there, later
     existing = next(p for p in (home, *home.parents) if p.exists())
@@ -61,21 +42,12 @@ def _home() -> Path:
     return home
 
 
-BACKENDS = ("local", "kubernetes")
-
 # Where a gang worker's runtime records its training progress (the step it last
 # reached): the supervisor reads it to tell a deterministic failure from a flaky one.
-PROGRESS_FILE_ENV = "TIDEFLOW_PROGRESS_FILE"
+PROGRESS_FILE_ENV = registry.declared("TIDEFLOW_PROGRESS_FILE").name
 # Seconds without progress after which a worker's runtime calls itself hung (exit 77).
-HANG_TIMEOUT_ENV = "TIDEFLOW_HANG_TIMEOUT_S"
+HANG_TIMEOUT_ENV = registry.declared("TIDEFLOW_HANG_TIMEOUT_S").name
 EXIT_HUNG = 77
-
-
-def _backend() -> str:
-    backend = os.environ.get("TIDEFLOW_BACKEND", "local")
-    if backend not in BACKENDS:
-        raise bad_setting("TIDEFLOW_BACKEND", backend, ", ".join(BACKENDS))
-    return backend
 
 
 @dataclass(frozen=True)
@@ -95,17 +67,16 @@ class Settings:
     @classmethod
     def from_env(cls) -> Settings:
         home = _home()
-        cluster = os.environ.get("TIDEFLOW_CLUSTER_FILE")
+        cluster = registry.optional_path("TIDEFLOW_CLUSTER_FILE")
+        artifact_root = registry.optional_text("TIDEFLOW_ARTIFACT_ROOT")
         return cls(
             home=home,
-            pipelines_dir=Path(os.environ.get("TIDEFLOW_PIPELINES_DIR", "pipelines")).resolve(),
-            cluster_file=Path(cluster).resolve() if cluster else None,
-            artifact_root=os.environ.get(
-                "TIDEFLOW_ARTIFACT_ROOT", (home / "artifacts").as_uri()
-            ).rstrip("/"),
+            pipelines_dir=Path(registry.text("TIDEFLOW_PIPELINES_DIR")).resolve(),
+            cluster_file=cluster.resolve() if cluster else None,
+            artifact_root=(artifact_root or (home / "artifacts").as_uri()).rstrip("/"),
             mlflow_tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
-            backend=_backend(),
-            checkpoint_roots=os.environ.get("TIDEFLOW_CHECKPOINT_ROOTS", ""),
+            backend=registry.text("TIDEFLOW_BACKEND"),
+            checkpoint_roots=registry.text("TIDEFLOW_CHECKPOINT_ROOTS"),
         )
 
     def checkpoint_roots_for(self, team: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ fi
 # torch is pinned to the CPU build (2.13.0); an unpinned torch would pull a
 # multi-GB CUDA build. hf and lightning: the training-framework integrations
 # (tideflow.integrations), installed so their tests run rather than skip.
+# docs: mkdocs-material, so `make docs` builds the site.
 .venv/bin/python -m pip install --quiet -c deploy/local/constraints.txt \
-  -e '.[platform,dev,hf,lightning]'
+  -e '.[platform,dev,hf,lightning,docs]'
 echo "tideflow installed in .venv ($(.venv/bin/python -c 'import tideflow; print(tideflow.__version__)'))"

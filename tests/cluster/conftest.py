@@ -32,7 +32,7 @@ from tideflow.stack.cluster.state import ClusterState
 HERE = Path(__file__).parent
 DEPLOY = HERE.parents[1] / "deploy" / "kubernetes"
 NAMESPACE = "tideflow"
-# Volcano's controllers are not part of this cluster (docs/deploy-kubernetes.md says
+# Volcano's controllers are not part of this cluster (docs/how-to/deploy-kubernetes.md says
 # why), so neither are its CRDs: its queues cannot be applied here.
 WITHOUT_CRDS = {"volcano-queues.yaml"}
 

@@ -10,11 +10,11 @@ newest checkpoint, which the release accounts.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tideflow import settings_registry as registry
 from tideflow.backends.protocol import GangJob
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class HeldLease:
         from tideflow.scheduling import LeaseLedger
 
         return LeaseLedger(
-            Path(self.job.lease_db), inventory_for(os.environ.get("TIDEFLOW_CLUSTER_FILE"))
+            Path(self.job.lease_db), inventory_for(registry.optional_text("TIDEFLOW_CLUSTER_FILE"))
         )
 
     def renew(self) -> bool:

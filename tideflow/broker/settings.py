@@ -9,11 +9,11 @@ are built here too, so that their form is checked where they are read.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tideflow import settings_registry as registry
 from tideflow.broker.load import (
     LoadSample,
     LoadSource,
@@ -26,9 +26,10 @@ from tideflow.broker.load import (
     TraceLoad,
 )
 from tideflow.broker.node_size import NODE_GPUS_ENV
-from tideflow.config import ConfigError, bad_setting, env_number
+from tideflow.config import ConfigError, env_number
 
-DEVICE_CLASSES = ("gpu", "npu")  # what the broker may move (TIDEFLOW_BROKER_DEVICE_CLASS)
+# what the broker may move (TIDEFLOW_BROKER_DEVICE_CLASS)
+DEVICE_CLASSES = registry.declared("TIDEFLOW_BROKER_DEVICE_CLASS").choices
 
 
 class PeriodicTrace:
@@ -124,11 +125,11 @@ class BrokerSettings:
         """None when no broker is configured (TIDEFLOW_BROKER_LOAD unset); ``ConfigError``
         naming the variable, its value and what is accepted for a setting it cannot use.
         Every ``TIDEFLOW_BROKER_*`` the broker reads is read and checked here."""
-        load = os.environ.get("TIDEFLOW_BROKER_LOAD")
+        load = registry.raw("TIDEFLOW_BROKER_LOAD")
         if not load:
             return None
         load_source_from(load)  # its form (and a trace file's contents), checked now
-        node = os.environ.get(NODE_GPUS_ENV)
+        node = registry.raw(NODE_GPUS_ENV)
         settings = cls(
             load=load,
             per_gpu_rps=env_number(
@@ -170,15 +171,12 @@ def _at_least(low: float) -> Callable[[float], bool]:
 
 
 def _device_class() -> str:
-    value = os.environ.get("TIDEFLOW_BROKER_DEVICE_CLASS", "gpu")
-    if value not in DEVICE_CLASSES:
-        raise bad_setting("TIDEFLOW_BROKER_DEVICE_CLASS", value, ", ".join(DEVICE_CLASSES))
-    return value
+    return registry.text("TIDEFLOW_BROKER_DEVICE_CLASS")
 
 
 def _lost_work_budget() -> float | None:
     name = "TIDEFLOW_BROKER_LOST_WORK_BUDGET"
-    if os.environ.get(name, "").strip().lower() == "none":
+    if (registry.raw(name) or "").strip().lower() == "none":
         return None
     return env_number(
         name,
@@ -190,22 +188,15 @@ def _lost_work_budget() -> float | None:
 
 def latency_settings_from_env() -> dict[str, Any]:
     """``TIDEFLOW_BROKER_LATENCY`` and its SLO (exactly one of ``_SLO_S``, ``_SLO_SHARE``)."""
-    spec = os.environ.get("TIDEFLOW_BROKER_LATENCY", "")
+    spec = registry.raw("TIDEFLOW_BROKER_LATENCY") or ""
     limits: dict[str, float] = {}
-    for name, field_name, accepted, most in (
-        ("LATENCY_SLO_S", "latency_slo_s", "seconds > 0", math.inf),
-        ("LATENCY_SLO_SHARE", "latency_slo_share", "a share within (0, 1)", 1.0),
+    for name, field_name in (
+        ("TIDEFLOW_BROKER_LATENCY_SLO_S", "latency_slo_s"),
+        ("TIDEFLOW_BROKER_LATENCY_SLO_SHARE", "latency_slo_share"),
     ):
-        text = os.environ.get(f"TIDEFLOW_BROKER_{name}", "")
-        if not text:
-            continue
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and 0 < value < most):
-            raise ConfigError(f"TIDEFLOW_BROKER_{name}={text!r} must be {accepted}")
-        limits[field_name] = value
+        value = registry.optional_number(name)
+        if value is not None:
+            limits[field_name] = value
     if not spec:
         if limits:
             raise ConfigError(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
+from tideflow import settings_registry as registry
 from tideflow.config import ConfigError
 
 # A cluster file or pipeline names a model briefly ("H100"); GPU feature discovery labels
@@ -16,7 +16,7 @@ DEVICE_MODELS_VARIABLE = "TIDEFLOW_K8S_DEVICE_MODELS"
 
 def gpu_products(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
     """Model -> node label value, from TIDEFLOW_K8S_DEVICE_MODELS or the default table."""
-    raw = (os.environ if environ is None else environ).get(DEVICE_MODELS_VARIABLE)
+    raw = registry.raw(DEVICE_MODELS_VARIABLE, environ)
     if not raw:
         return GPU_PRODUCTS
     pairs = [item.partition("=") for item in raw.split(",") if item.strip()]

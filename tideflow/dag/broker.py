@@ -7,28 +7,36 @@ the DAG file defines nothing, so a plain install shows no broker DAG.
 from __future__ import annotations
 
 import datetime as dt
-import os
 
 from airflow.sdk import DAG
 
+from tideflow import settings_registry as registry
 from tideflow.broker.service import BROKER_DAG_ID
 from tideflow.broker.settings import BrokerSettings
+from tideflow.config import ConfigError, Settings
+from tideflow.dag.loader import report_setting_error
 from tideflow.operators.broker import InferenceLoadSensor, RebalanceOperator
 
 __all__ = ["BROKER_DAG_ID", "broker_dag"]
 
 
-def broker_dag(schedule: str = "*/5 * * * *") -> DAG | None:
+def broker_dag(schedule: str = "*/5 * * * *", dag_file: str = "tideflow_broker.py") -> DAG | None:
     """The broker DAG, or None when no broker is configured.
 
     ``TIDEFLOW_BROKER_SENSE_S`` (default 240) bounds how long one run's sensor
     waits for a reason to act; ``TIDEFLOW_BROKER_POLL_S`` (default 30) is how
     often it looks.
     """
-    if BrokerSettings.from_env() is None:
+    try:
+        if BrokerSettings.from_env() is None:
+            return None
+        registry.check_set("dag")
+        sense_s = registry.number("TIDEFLOW_BROKER_SENSE_S")
+        poll_s = registry.number("TIDEFLOW_BROKER_POLL_S")
+        Settings.from_env()  # its journal's home, read by the tasks
+    except ConfigError as exc:  # the DAG file's import error: the message, no traceback
+        report_setting_error(dag_file, exc)
         return None
-    sense_s = float(os.environ.get("TIDEFLOW_BROKER_SENSE_S", "240"))
-    poll_s = float(os.environ.get("TIDEFLOW_BROKER_POLL_S", "30"))
     with DAG(
         dag_id=BROKER_DAG_ID,
         description="Shift GPUs between inference and training by load (tideflow broker)",

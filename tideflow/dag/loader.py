@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tideflow import settings_registry as registry
 from tideflow.compile.dag_plan import compile_dag_plan
-from tideflow.config import Settings
+from tideflow.config import ConfigError, Settings
 from tideflow.inventory import Inventory, load_cluster
 from tideflow.spec import SpecError, SpecIssue, find_pipelines, load_pipeline
 from tideflow.spec.yamlpos import LIMITS, load_yaml
@@ -177,8 +178,37 @@ def report_errors(errors: dict[Path, SpecError]) -> None:
         )
 
 
+def report_setting_error(dag_file: str, error: ConfigError) -> None:
+    """A setting the DAG file cannot use, as the DAG file's import error: its message
+    alone (the setting, its value, what is accepted), not a traceback of our code."""
+    found = _airflow_import_result()
+    if found is None:
+        log.error("tideflow: %s", error)
+        warnings.warn_explicit(str(error), PipelineImportWarning, dag_file, 1)
+        return
+    from airflow.dag_processing.importers.base import DagImportError
+
+    import_result, _ = found
+    import_result.errors.append(
+        DagImportError(
+            file_path=import_result.file_path or dag_file,
+            message=str(error),
+            error_type="tideflow-configuration",
+        )
+    )
+
+
 def register(namespace: dict[str, Any]) -> LoadResult:
-    """Entry point of ``dags/tideflow_pipelines.py``: put the DAGs in the module's globals."""
+    """Entry point of ``dags/tideflow_pipelines.py``: put the DAGs in the module's globals.
+    A setting it cannot use defines no DAG and is the DAG file's import error."""
+    try:
+        return _register(namespace)
+    except ConfigError as exc:
+        report_setting_error(str(namespace.get("__file__", "tideflow_pipelines.py")), exc)
+        return LoadResult()
+
+
+def _register(namespace: dict[str, Any]) -> LoadResult:
     settings = Settings.from_env()
     inventory = None
     if settings.cluster_file is not None:
@@ -188,9 +218,10 @@ def register(namespace: dict[str, Any]) -> LoadResult:
             report_errors({settings.cluster_file: exc})
             return LoadResult()
     pipelines_dir = settings.pipelines_dir
-    if not pipelines_dir.exists():
-        log.error("tideflow: TIDEFLOW_PIPELINES_DIR %s does not exist", pipelines_dir)
-        return LoadResult()
+    if not pipelines_dir.is_dir():
+        raise registry.declared("TIDEFLOW_PIPELINES_DIR").refuse(
+            registry.raw("TIDEFLOW_PIPELINES_DIR"), f"{pipelines_dir} is not a directory"
+        )
     only = parsing_for()
     result = load_dags(pipelines_dir, inventory, only=only)
     for dag_id, dag in result.dags.items():

@@ -24,6 +24,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tideflow import settings_registry as registry
 from tideflow.checkpoint import CheckpointManager
 from tideflow.runtime import (
     EXIT_PREEMPTED,
@@ -285,7 +286,6 @@ def evaluate(
     shard against the manifest's SHA-256 before use, on the device the
     evaluation step was given (``TIDEFLOW_DEVICE_CLASS``).
     """
-    import os
 
     from tideflow.runtime.distributed import device_for_class
 
@@ -304,13 +304,11 @@ def evaluate(
     weights = state["model"]
     model = DigitsMLP(int(weights["layers.0.weight"].shape[0]))
     model.load_state_dict(weights)
-    device, emulated = device_for_class(os.environ.get("TIDEFLOW_DEVICE_CLASS", "cpu"))
-    if emulated or os.environ.get("TIDEFLOW_EMULATED") == "1":
+    device_class = registry.text("TIDEFLOW_DEVICE_CLASS")
+    device, emulated = device_for_class(device_class)
+    if emulated or registry.flag("TIDEFLOW_EMULATED"):
         device = torch.device("cpu")
-        print(
-            f"evaluating emulated on the CPU (asked for {os.environ.get('TIDEFLOW_DEVICE_CLASS')})",
-            flush=True,
-        )
+        print(f"evaluating emulated on the CPU (asked for {device_class})", flush=True)
     model.to(device).eval()
     x_val, y_val = load_split(validation)
     with torch.no_grad():

@@ -13,17 +13,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, fields
 
+from tideflow import settings_registry as registry
 from tideflow.compile.gpu_products import gpu_products
 from tideflow.config import ConfigError
 from tideflow.kube.volcano import KubeSettings
 
-SCHEDULERS = ("volcano", "kueue")
+SCHEDULERS = registry.declared("TIDEFLOW_K8S_GANG_SCHEDULER").choices
 # A ServiceAccount's name: a DNS-1123 subdomain (lowercase alphanumerics, '-', '.').
 SERVICE_ACCOUNT = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-def _service_account(env: Mapping[str, str], variable: str, default: str) -> str:
-    name = env.get(variable, default)
+def _service_account(env: Mapping[str, str] | None, variable: str) -> str:
+    name = registry.text(variable, env, backend="kubernetes")
     if len(name) > 253 or not SERVICE_ACCOUNT.match(name):
         raise ConfigError(
             f"{variable}={name!r}: accepted: a ServiceAccount name (lowercase letters, "
@@ -33,48 +34,32 @@ def _service_account(env: Mapping[str, str], variable: str, default: str) -> str
 
 
 def kube_settings_from_env(environ: Mapping[str, str] | None = None) -> KubeSettings:
-    env = os.environ if environ is None else environ
-    defaults = KubeSettings()
-    scheduler = env.get("TIDEFLOW_K8S_GANG_SCHEDULER", defaults.gang_scheduler)
-    if scheduler not in SCHEDULERS:
-        raise ConfigError(
-            f"TIDEFLOW_K8S_GANG_SCHEDULER={scheduler!r}: accepted: {', '.join(SCHEDULERS)}"
-        )
-    grace = env.get("TIDEFLOW_K8S_GRACE_S", str(defaults.termination_grace_s))
-    if not grace.isdigit() or int(grace) < 30:
-        raise ConfigError(
-            f"TIDEFLOW_K8S_GRACE_S={grace!r}: accepted: whole seconds >= 30 "
-            "(the time a worker has to write a checkpoint after SIGTERM)"
-        )
-    models = gpu_products(env)
+    """The settings of ``environ`` (``os.environ``): unset variables keep the
+    registry's Kubernetes defaults (``KubeSettings``' own, a test keeps them equal)."""
+
+    def value(name: str) -> str:
+        return registry.text(name, environ, backend="kubernetes")
+
     return KubeSettings(
-        namespace=env.get("TIDEFLOW_K8S_NAMESPACE", defaults.namespace),
-        image=env.get("TIDEFLOW_K8S_IMAGE", defaults.image),
+        namespace=value("TIDEFLOW_K8S_NAMESPACE"),
+        image=value("TIDEFLOW_K8S_IMAGE"),
         # An empty value means no Secret: credentials come from the pod's identity (IRSA).
-        store_secret=env.get("TIDEFLOW_K8S_STORE_SECRET", defaults.store_secret),
-        mlflow_tracking_uri=env.get("TIDEFLOW_K8S_MLFLOW_URI")
-        or env.get("MLFLOW_TRACKING_URI")
-        or defaults.mlflow_tracking_uri,
-        artifact_root=env.get("TIDEFLOW_ARTIFACT_ROOT", defaults.artifact_root).rstrip("/"),
-        checkpoint_roots=env.get("TIDEFLOW_CHECKPOINT_ROOTS", defaults.checkpoint_roots),
-        termination_grace_s=int(grace),
-        gang_scheduler=scheduler,
-        model_labels=models,
-        gang_service_account=_service_account(
-            env, "TIDEFLOW_K8S_GANG_SERVICE_ACCOUNT", defaults.gang_service_account
-        ),
-        argo_service_account=_service_account(
-            env, "TIDEFLOW_K8S_ARGO_SERVICE_ACCOUNT", defaults.argo_service_account
-        ),
+        store_secret=value("TIDEFLOW_K8S_STORE_SECRET"),
+        mlflow_tracking_uri=value("TIDEFLOW_K8S_MLFLOW_URI")
+        or (os.environ if environ is None else environ).get("MLFLOW_TRACKING_URI")
+        or KubeSettings.mlflow_tracking_uri,
+        artifact_root=value("TIDEFLOW_ARTIFACT_ROOT").rstrip("/"),
+        checkpoint_roots=value("TIDEFLOW_CHECKPOINT_ROOTS"),
+        termination_grace_s=registry.whole("TIDEFLOW_K8S_GRACE_S", environ, backend="kubernetes"),
+        gang_scheduler=value("TIDEFLOW_K8S_GANG_SCHEDULER"),
+        model_labels=gpu_products(environ),
+        gang_service_account=_service_account(environ, "TIDEFLOW_K8S_GANG_SERVICE_ACCOUNT"),
+        argo_service_account=_service_account(environ, "TIDEFLOW_K8S_ARGO_SERVICE_ACCOUNT"),
         argo_executor_service_account=_service_account(
-            env,
-            "TIDEFLOW_K8S_ARGO_EXECUTOR_SERVICE_ACCOUNT",
-            defaults.argo_executor_service_account,
+            environ, "TIDEFLOW_K8S_ARGO_EXECUTOR_SERVICE_ACCOUNT"
         ),
         argo_gang_driver_service_account=_service_account(
-            env,
-            "TIDEFLOW_K8S_ARGO_GANG_DRIVER_SERVICE_ACCOUNT",
-            defaults.argo_gang_driver_service_account,
+            environ, "TIDEFLOW_K8S_ARGO_GANG_DRIVER_SERVICE_ACCOUNT"
         ),
     )
 

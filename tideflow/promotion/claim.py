@@ -30,15 +30,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tideflow import settings_registry as registry
 from tideflow.storage import Store, unique_segment
 
-DEFAULT_TTL_S = 600.0
 _GENERATION = re.compile(r"gen-(\d{6})\.json$")
 
 
 def claim_ttl_s() -> float:
     """How long a claim stands without its version before another attempt takes over."""
-    return float(os.environ.get("TIDEFLOW_PROMOTION_CLAIM_TTL_S", DEFAULT_TTL_S))
+    return registry.number("TIDEFLOW_PROMOTION_CLAIM_TTL_S")
 
 
 @dataclass

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from tideflow import settings_registry as registry
 from tideflow.checkpoint import CheckpointManager, Manifest
 from tideflow.config import EXIT_HUNG, HANG_TIMEOUT_ENV
 from tideflow.runtime.checkpointing import AsyncCheckpointer
@@ -100,7 +101,7 @@ def _dist_info() -> DistInfo:
             int(os.environ.get("LOCAL_RANK", "0")),
             device,
             backend,
-            os.environ.get("TIDEFLOW_EMULATED") == "1",
+            registry.flag("TIDEFLOW_EMULATED"),
         )
     if world > 1:
         raise RuntimeError(
@@ -339,8 +340,7 @@ class Checkpoints:
 
 
 def _hang_timeout() -> float | None:
-    value = os.environ.get(HANG_TIMEOUT_ENV)
-    return float(value) if value else None
+    return registry.optional_number(HANG_TIMEOUT_ENV)
 
 
 class HangWatchdog:

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-
-def _int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value else None
+from tideflow import settings_registry as registry
 
 
 @dataclass(frozen=True)
@@ -31,17 +27,15 @@ class EnvConfig:
 
     @classmethod
     def from_env(cls) -> EnvConfig:
-        metric = os.environ.get("TIDEFLOW_KEEP_BEST_METRIC")
+        metric = registry.optional_text("TIDEFLOW_KEEP_BEST_METRIC")
         return cls(
-            checkpoint_uri=os.environ.get("TIDEFLOW_CHECKPOINT_URI"),
-            checkpoint_every_steps=_int("TIDEFLOW_CHECKPOINT_EVERY_STEPS"),
-            checkpoint_every_seconds=_int("TIDEFLOW_CHECKPOINT_EVERY_SECONDS"),
-            keep_last=_int("TIDEFLOW_KEEP_LAST") or 3,
-            keep_best=(metric, os.environ.get("TIDEFLOW_KEEP_BEST_MODE", "max"))
-            if metric
-            else None,
-            device_class=os.environ.get("TIDEFLOW_DEVICE_CLASS", "cpu"),
-            emulated=os.environ.get("TIDEFLOW_EMULATED") == "1",
-            restart_count=_int("TIDEFLOW_RESTART_COUNT") or 0,
-            min_workers=_int("TIDEFLOW_MIN_WORKERS"),
+            checkpoint_uri=registry.optional_text("TIDEFLOW_CHECKPOINT_URI"),
+            checkpoint_every_steps=registry.optional_whole("TIDEFLOW_CHECKPOINT_EVERY_STEPS"),
+            checkpoint_every_seconds=registry.optional_whole("TIDEFLOW_CHECKPOINT_EVERY_SECONDS"),
+            keep_last=registry.whole("TIDEFLOW_KEEP_LAST"),
+            keep_best=(metric, registry.text("TIDEFLOW_KEEP_BEST_MODE")) if metric else None,
+            device_class=registry.text("TIDEFLOW_DEVICE_CLASS"),
+            emulated=registry.flag("TIDEFLOW_EMULATED"),
+            restart_count=registry.whole("TIDEFLOW_RESTART_COUNT"),
+            min_workers=registry.optional_whole("TIDEFLOW_MIN_WORKERS"),
         )

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tideflow import settings_registry as registry
+
 log = logging.getLogger("tideflow.runtime")
 
 
@@ -54,9 +56,9 @@ def init_distributed() -> DistInfo:
     )
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device_class = os.environ.get("TIDEFLOW_DEVICE_CLASS", "cpu")
+    device_class = registry.text("TIDEFLOW_DEVICE_CLASS")
     device, emulated = device_for_class(device_class, local_rank)
-    emulated = emulated or os.environ.get("TIDEFLOW_EMULATED") == "1"
+    emulated = emulated or registry.flag("TIDEFLOW_EMULATED")
     if emulated:
         print(
             f"tideflow: rank {rank}: this machine has no {device_class.upper()}; "

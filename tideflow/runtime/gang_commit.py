@@ -15,17 +15,17 @@ names shards that this attempt is rewriting, and rank 0 never commits it.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tideflow import settings_registry as registry
 from tideflow.checkpoint import CheckpointManager, Manifest, ShardRecord
 from tideflow.checkpoint.manifest import step_prefix
 
 RECEIPT_TIMEOUT_S = 600.0
-ATTEMPT_ENV = "TIDEFLOW_ATTEMPT_ID"
+ATTEMPT_ENV = registry.declared("TIDEFLOW_ATTEMPT_ID").name
 _POLL_S = 0.05
 
 
@@ -49,7 +49,7 @@ class GangCommit:
         self.rank = rank
         self.world_size = world_size
         self.receipt_timeout_s = receipt_timeout_s
-        self.attempt = attempt if attempt is not None else os.environ.get(ATTEMPT_ENV, "")
+        self.attempt = attempt if attempt is not None else registry.text(ATTEMPT_ENV)
 
     def contribute(self, step: int, shards: Mapping[str, bytes | Path]) -> list[ShardRecord]:
         """Write this rank's shards of ``step``, then its receipt naming them."""

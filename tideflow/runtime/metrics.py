@@ -23,11 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tideflow import settings_registry as registry
+
 log = logging.getLogger("tideflow.runtime")
 
 
 def spool_path(run_id: str) -> Path:
-    home = Path(os.environ.get("TIDEFLOW_HOME", Path.cwd() / ".tideflow"))
+    home = Path(registry.optional_path("TIDEFLOW_HOME") or Path.cwd() / ".tideflow")
     return home / "mlflow-spool" / f"{run_id}.jsonl"
 
 
@@ -57,7 +59,7 @@ RUN_IDENTITY_ENV = ("TIDEFLOW_PIPELINE", "TIDEFLOW_TEAM", "TIDEFLOW_RUN_ID", "TI
 
 def _own_step_run() -> str | None:
     """The gang step's run, found by its tags or created, when the gang names its run."""
-    pipeline, team, run_id, step = (os.environ.get(name) for name in RUN_IDENTITY_ENV)
+    pipeline, team, run_id, step = (registry.optional_text(name) for name in RUN_IDENTITY_ENV)
     if not (pipeline and team and run_id and step):
         return None
     from tideflow.tracking import ensure_workflow_runs

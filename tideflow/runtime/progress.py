@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from tideflow import settings_registry as registry
 from tideflow.config import PROGRESS_FILE_ENV
 
 MIN_INTERVAL_S = 1.0  # a file write per step would cost more than the step on a small model
@@ -18,7 +19,7 @@ class ProgressFile:
     is the one recorded)."""
 
     def __init__(self, path: str | None = None) -> None:
-        chosen = path if path is not None else os.environ.get(PROGRESS_FILE_ENV)
+        chosen = path if path is not None else registry.optional_text(PROGRESS_FILE_ENV)
         self.path = Path(chosen) if chosen else None
         self._written_at = 0.0
 

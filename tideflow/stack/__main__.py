@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tideflow import settings_registry as registry
 from tideflow.stack.airflow_api import AirflowApi, AirflowApiError
 from tideflow.stack.processes import StackError, group_alive, stop_group
 from tideflow.stack.services import (
@@ -24,14 +25,14 @@ ORDER = ("s3", "mlflow", "airflow")
 
 
 def default_home() -> Path:
-    return Path(os.environ.get("TIDEFLOW_HOME", REPO / ".tideflow")).resolve()
+    return Path(registry.optional_path("TIDEFLOW_HOME") or REPO / ".tideflow").resolve()
 
 
 def default_pools() -> dict[str, int]:
     from tideflow.compile.pools import pool_sizes
     from tideflow.inventory import inventory_for
 
-    return pool_sizes(inventory_for(os.environ.get("TIDEFLOW_CLUSTER_FILE")))
+    return pool_sizes(inventory_for(registry.optional_text("TIDEFLOW_CLUSTER_FILE")))
 
 
 def up(

@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 from urllib.parse import quote
 
-UI_URL_VARIABLE = "TIDEFLOW_MLFLOW_UI_URL"
+from tideflow import settings_registry as registry
+
+UI_URL_VARIABLE = registry.declared("TIDEFLOW_MLFLOW_UI_URL").name
 
 
 def mlflow_ui_base() -> str | None:
-    base = os.environ.get(UI_URL_VARIABLE) or os.environ.get("MLFLOW_TRACKING_URI", "")
+    base = registry.optional_text(UI_URL_VARIABLE) or os.environ.get("MLFLOW_TRACKING_URI", "")
     if not base.startswith(("http://", "https://")):
         return None
     return base.rstrip("/")

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tideflow import settings_registry as registry
+
 log = logging.getLogger(__name__)
 
 TAG_KIND = "tideflow.kind"
@@ -84,7 +86,7 @@ def _local_artifacts(pipeline: str) -> str | None:
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if uri.startswith(("http://", "https://", "databricks")):
         return None  # the server decides (e.g. proxied S3)
-    home = Path(os.environ.get("TIDEFLOW_HOME", Path.cwd() / ".tideflow")).resolve()
+    home = Path(registry.optional_path("TIDEFLOW_HOME") or Path.cwd() / ".tideflow").resolve()
     return (home / "mlflow-artifacts" / pipeline).as_uri()
 
 
