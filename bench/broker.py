@@ -28,7 +28,7 @@ tidal captures, and goodput and queueing against the equal-SLO cron split.
 Traces: the two production traces (../shared/data/traces/, or --traces DIR);
 a strongly diurnal synthetic load (night a third of the peak); and m-mid
 with a weekly pattern, a holiday, a step change and a slow drift laid over
-it (``tideflow.broker.shapes``), none of which any parameter was chosen on.
+it (``research.broker.shapes``), none of which any parameter was chosen on.
 The per-GPU throughput is a modelling choice (requests/s one inference GPU
 serves within its latency SLO): 25 rps for m-mid and 3 rps for m-large, and
 for the synthetic traces the throughput at which the 99th-percentile need is
@@ -48,16 +48,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tideflow.broker import (
-    JobSpec,
-    LoadSource,
-    SimulationConfig,
-    SyntheticLoad,
-    TraceLoad,
-    simulate,
-    synthetic_jobs,
-)
-from tideflow.broker.shapes import SHAPES, ShapedLoad
+from tideflow.broker import JobSpec, LoadSource, SyntheticLoad, TraceLoad, synthetic_jobs
+
+# research/ (the references measured here) sits beside bench/ and is not installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from research.broker.shapes import SHAPES, ShapedLoad
+from research.broker.simulate import ResearchConfig, simulate
 
 PRODUCTION = {"m-mid": ("servegen_m-mid.csv", 25.0), "m-large": ("servegen_m-large.csv", 3.0)}
 DAYS = 14
@@ -146,7 +143,7 @@ PLACEMENT = ["gpus"]  # every policy of a run places gangs the same way (--place
 
 
 def run(trace: Trace, jobs: list[JobSpec], policy: str, **overrides: Any) -> dict[str, Any]:
-    config = SimulationConfig(
+    config = ResearchConfig(
         policy=policy,
         total_gpus=TOTAL_GPUS,
         per_gpu_rps=trace.per_gpu_rps,
@@ -650,7 +647,7 @@ def leave_one_trace_out(
     for name, values in LOTO_GRID.items():
         if keys and name not in keys:
             continue
-        default = getattr(SimulationConfig(policy="tidal"), name)
+        default = getattr(ResearchConfig(policy="tidal"), name)
         variants += [{name: v} for v in values if v != default]
     table: dict[tuple[str, str], dict[str, Any]] = {}
     for variant in variants:
@@ -725,7 +722,7 @@ def main() -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a tidal SimulationConfig field for this run (measures one mechanism)",
+        help="a tidal ResearchConfig field for this run (measures one mechanism)",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--loto", action="store_true", help="leave-one-trace-out parameter choice")

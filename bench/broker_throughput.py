@@ -29,9 +29,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tideflow.broker.learning import replay_learning
 from tideflow.broker.load import LoadSource, SyntheticLatency, SyntheticLoad, TraceLoad
 from tideflow.broker.policy import PolicyConfig
+
+# research/ (the references measured here) sits beside bench/ and is not installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from research.broker.learning import replay_learning
 
 TRACES = {"m-mid": ("servegen_m-mid.csv", 25.0), "m-large": ("servegen_m-large.csv", 3.0)}
 FACTORS = (0.5, 0.7, 1.0, 1.3, 1.5)

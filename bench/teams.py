@@ -5,7 +5,7 @@
     nice .venv/bin/python bench/teams.py --scenario 5 --markdown
 
 Every decision is the real ``LeaseLedger.try_acquire`` on a simulated clock
-(``tideflow.scheduling.replay``); both policies replay the same seeded stream
+(``research.scheduling.replay``); both policies replay the same seeded stream
 on the users' bank cluster (100 GPUs in 10 nodes of 10; risk 40, marketing 30,
 research 30). "static" is the same file with no borrowing rules and no class
 that preempts (``replay.static_quotas``).
@@ -33,16 +33,21 @@ import json
 import math
 import statistics
 import subprocess
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from tideflow.scheduling.replay import (
+# research/ (the references measured here) sits beside bench/ and is not installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from research.scheduling.replay import replay
+from research.scheduling.streams import (
     DAY,
     HOUR,
     bank_spec,
     month_end_stream,
-    replay,
     static_quotas,
     urgent_stream,
 )

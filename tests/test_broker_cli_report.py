@@ -1,7 +1,8 @@
 """What the broker's commands tell a user: ``tideflow broker run --dry-run`` says on every
 line that it is a dry run, when, the load it read, the forecast and the GPUs needed (and
 that it rounds up to whole nodes); ``tideflow broker simulate`` prints no SLO promise for
-a static split and refuses a split that is not whole nodes of the cluster."""
+a static split, refuses a split that is not whole nodes of the cluster, and carries no
+research knob (bounds and node placement are bench/'s)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,27 @@ def test_simulate_prints_no_slo_promise_for_a_static_split(
     assert "slo_promised" not in json.loads(capsys.readouterr().out)
     assert main(simulate("--policy", "tidal", "--json")) == 0
     assert "slo_promised" in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "research",
+    [["--placement", "nodes"], ["--bound-mechanics", "tidal"], ["--insured-share", "0.5"]],
+)
+def test_simulate_carries_no_research_knobs(
+    research: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bounds, decompositions and node placement are bench/'s (``research``), not options
+    a user's comparison of the broker with a static and a cron split needs."""
+    with pytest.raises(SystemExit) as refused:
+        main(simulate(*research))
+    assert refused.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bound", ["oracle", "oracle-burst-blind", "oracle-hindsight-cross"])
+def test_simulate_refuses_a_bound_as_a_policy(
+    bound: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(simulate("--policy", bound)) == 2
+    err = capsys.readouterr().err
+    assert "use 'tidal', 'static:N' (N GPUs for inference) or 'cron:H'" in err

@@ -421,8 +421,6 @@ def cmd_broker_simulate(args: argparse.Namespace) -> int:
             total_gpus=args.gpus,
             node_gpus=args.node_gpus,
             per_gpu_rps=args.per_gpu_rps,
-            placement=args.placement,
-            bound_mechanics=args.bound_mechanics,
         )
         config.static_gpus()  # validates the policy string
         jobs = (
@@ -730,12 +728,6 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--gpus", type=int, default=200, help="GPUs in the cluster (default 200)")
     sim.add_argument("--node-gpus", type=int, default=8, help="GPUs per node (default 8)")
     sim.add_argument(
-        "--placement",
-        choices=("gpus", "nodes"),
-        default="gpus",
-        help="count GPUs (default), or place gangs and inference on nodes (fragmentation)",
-    )
-    sim.add_argument(
         "--per-gpu-rps",
         type=float,
         required=True,
@@ -744,18 +736,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--policy",
         default="tidal",
-        help="'tidal', 'static:N' (N inference GPUs, whole nodes), 'cron:H' (an hour-of-day "
-        "schedule with headroom H), or a bound: 'oracle' (knows each window's load), "
-        "'oracle-burst-blind' (knows it but for the bursts; synthetic load only) or "
-        "'oracle-hindsight[-cross]' (a forecast fitted to the trace, or to its other half)",
-    )
-    sim.add_argument(
-        "--bound-mechanics",
-        default="lean",
-        help="what the oracle and hindsight bounds keep of tidal besides its forecast: "
-        "'lean' (default: no cooldown, a lend bound read ahead), 'cooldown', 'lend' "
-        "(tidal's lend bound, from the past) or 'tidal' (both); the oracle with 'tidal' "
-        "tells how much of tidal's gap is its forecast's",
+        help="'tidal' (the broker), 'static:N' (N inference GPUs, whole nodes) or 'cron:H' "
+        "(an hour-of-day schedule with headroom H)",
     )
     sim.add_argument(
         "--jobs", default="synthetic", help="'synthetic' (seeded) or a CSV of training jobs"

@@ -1,4 +1,4 @@
-"""mypy over tideflow/, operators/, plugins/ and dags/, each under the name it is imported by.
+"""mypy over the configured packages, operators/, plugins/ and dags/, each under its import name.
 
 pip maps the folders operators/ and plugins/ to tideflow.operators and
 tideflow.plugins through an import hook, which mypy cannot follow; given to it
@@ -33,7 +33,7 @@ def mapped_sources() -> list[BuildSource]:
 
 
 def main() -> int:
-    sources, options = process_options(["-p", "tideflow"])
+    sources, options = process_options([])
     result = build.build(sources + mapped_sources(), options)
     for line in result.errors:
         print(line)

@@ -2,7 +2,8 @@
 
 Load sources (trace, synthetic, Prometheus) -> a forecast from history only ->
 a pure policy (snapshot -> decision) -> actuators. The simulator replays a
-trace against a training backlog to measure a policy.
+user's trace against a training backlog to compare the broker with a static
+and a cron split before turning it on.
 """
 
 from tideflow.broker.forecast import Forecast, LoadForecaster, clean_outages

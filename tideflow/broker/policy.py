@@ -29,10 +29,10 @@ class PolicyConfig:
     total_gpus: int
     per_gpu_rps: float
     node_gpus: int = 8
-    headroom: float = 0.1
+    headroom: float = 0.05
     min_inference_gpus: int = 8
     max_inference_gpus: int | None = None
-    lead_s: float = 1800.0
+    lead_s: float = 600.0  # one 10-minute window: reclaiming with a checkpoint fits in it
     lend_horizon_s: float = 2 * 3600.0  # lent GPUs should stay lent at least this long
     lend_quantile: float = 0.85  # lend what the load will likely not want back in that time
     cooldown_s: float = 3600.0

@@ -130,14 +130,13 @@ def policy_config(
     settings: BrokerSettings, total_gpus: int, node: int | None = None
 ) -> PolicyConfig:
     """The policy's configuration from the settings, with ``node`` GPUs per node (the
-    settings' own when not given, else 8)."""
+    settings' own when not given, else the policy's default); every other default is the
+    policy's own."""
     return PolicyConfig(
         total_gpus=total_gpus,
         per_gpu_rps=settings.per_gpu_rps,
-        node_gpus=node or settings.node_gpus or 8,
+        node_gpus=node or settings.node_gpus or PolicyConfig.node_gpus,
         min_inference_gpus=settings.min_inference_gpus,
-        headroom=0.05,
-        lead_s=600.0,
         checkpoint_grace_s=settings.grace_s,
         lost_work_budget=settings.lost_work_budget,
         stop_cost_s=settings.stop_cost_s,

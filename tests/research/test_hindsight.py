@@ -1,4 +1,4 @@
-"""The hindsight forecasts (``tideflow.broker.hindsight``; ``policy="oracle-hindsight"``
+"""The hindsight forecasts (``research.broker.hindsight``; ``policy="oracle-hindsight"``
 and ``"oracle-hindsight-cross"``): a linear quantile regression of the next window's
 load, fitted to the trace it is scored on or to the other half of it, as a reference
 for how far a richer forecast than tidal's could go (``bench/broker.py --hindsight``).
@@ -13,9 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tideflow.broker import SimulationConfig, SyntheticLoad, simulate, synthetic_jobs
-from tideflow.broker.hindsight import FEATURES, features, hindsight_bounds
+from research.broker.hindsight import FEATURES, features, hindsight_bounds
+from research.broker.simulate import ResearchConfig, simulate
+from tideflow.broker import SyntheticLoad, synthetic_jobs
 from tideflow.broker.load import LoadSample
+
+pytestmark = pytest.mark.research
 
 DAY = 86400.0
 HOURLY = 3600.0  # a day of 24 windows and a week of 168 keep the fuzzed loads short
@@ -95,7 +98,7 @@ def test_more_room_over_the_hindsight_bound_never_covers_fewer_windows() -> None
         room: simulate(
             load,
             jobs,
-            SimulationConfig(policy="oracle-hindsight", per_gpu_rps=25.0, hindsight_room=room),
+            ResearchConfig(policy="oracle-hindsight", per_gpu_rps=25.0, hindsight_room=room),
             start_s=0,
             end_s=4 * DAY,
         ).metrics
@@ -106,4 +109,4 @@ def test_more_room_over_the_hindsight_bound_never_covers_fewer_windows() -> None
     assert slo[0] < slo[1] <= slo[2]
     assert inference[0] < inference[1] < inference[2]
     with pytest.raises(ValueError, match="hindsight_room must be > 0"):
-        SimulationConfig(policy="oracle-hindsight", hindsight_room=0)
+        ResearchConfig(policy="oracle-hindsight", hindsight_room=0)

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tideflow.broker import SimulationConfig, SyntheticLoad, TraceLoad, simulate, synthetic_jobs
-from tideflow.broker.simulate import burst_blind_plan
+from research.broker.bounds import burst_blind_plan
+from research.broker.simulate import ResearchConfig, simulate
+from tideflow.broker import SyntheticLoad, TraceLoad, synthetic_jobs
+
+pytestmark = pytest.mark.research
 
 DAY = 86400.0
 LOAD = SyntheticLoad(mean_rps=2000, daily_amplitude=0.5, seed=11)
@@ -65,7 +68,7 @@ def test_insuring_more_windows_buys_slo_with_training_goodput() -> None:
         share: simulate(
             LOAD,
             jobs,
-            SimulationConfig(policy="oracle-burst-blind", per_gpu_rps=25.0, insured_share=share),
+            ResearchConfig(policy="oracle-burst-blind", per_gpu_rps=25.0, insured_share=share),
             start_s=0,
             end_s=4 * DAY,
         ).metrics
@@ -87,29 +90,26 @@ def test_a_load_that_does_not_say_where_it_bursts_is_refused(tmp_path: Path) -> 
         simulate(
             TraceLoad(trace),
             [],
-            SimulationConfig(policy="oracle-burst-blind", per_gpu_rps=25.0),
+            ResearchConfig(policy="oracle-burst-blind", per_gpu_rps=25.0),
         )
     with pytest.raises(ValueError, match=r"insured_share must be within \[0, 1\]"):
         burst_blind_plan(LOAD, LOAD.samples(0, DAY), 1.5)
 
 
-def test_the_cli_runs_the_bound_on_the_synthetic_load_and_refuses_a_trace(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from tideflow.cli import main
-
-    common = ["broker", "simulate", "--per-gpu-rps", "25", "--policy", "oracle-burst-blind"]
-    assert main([*common, "--trace", "synthetic", "--days", "2", "--json"]) == 0
-    assert '"slo_attainment"' in capsys.readouterr().out
+def test_the_bound_runs_on_the_synthetic_load_and_refuses_a_trace(tmp_path: Path) -> None:
+    config = ResearchConfig(policy="oracle-burst-blind", per_gpu_rps=25.0)
+    jobs = synthetic_jobs(seed=0, total_gpus=200, horizon_s=2 * DAY)
+    result = simulate(LOAD, jobs, config, start_s=0, end_s=2 * DAY)
+    assert result.metrics["slo_attainment"] is not None
     trace = tmp_path / "load.csv"
     trace.write_text("start_s,rate_rps\n" + "".join(f"{i * 600},{100 + i}\n" for i in range(20)))
-    assert main([*common, "--trace", str(trace)]) == 2
-    assert "needs a load that says which windows burst" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="needs a load that says which windows burst"):
+        simulate(TraceLoad(trace), jobs, config)
 
 
 def test_an_unknown_policy_names_every_policy_and_bound() -> None:
     with pytest.raises(ValueError) as caught:
-        SimulationConfig(policy="magic").static_gpus()
+        ResearchConfig(policy="magic").static_gpus()
     message = str(caught.value)
     for name in ("'tidal'", "'static:N'", "'cron:H'", "'oracle'", "'oracle-burst-blind'"):
         assert name in message
@@ -129,7 +129,7 @@ def test_a_room_below_the_burst_is_held_in_every_insured_window_on_the_calm_load
     with pytest.raises(ValueError, match="burst_room must be at least 1"):
         burst_blind_plan(LOAD, samples, 1.0, room=0.9)
     with pytest.raises(ValueError, match="burst_room must be at least 1"):
-        SimulationConfig(policy="oracle-burst-blind", burst_room=0.5)
+        ResearchConfig(policy="oracle-burst-blind", burst_room=0.5)
 
 
 def test_more_room_in_every_window_covers_every_window_less_room_covered() -> None:
@@ -139,7 +139,7 @@ def test_more_room_in_every_window_covers_every_window_less_room_covered() -> No
     jobs = synthetic_jobs(seed=2, total_gpus=200, horizon_s=4 * DAY)
     held = {}
     for room in (1.0, 1.2, 1.4, 1.6):
-        config = SimulationConfig(
+        config = ResearchConfig(
             policy="oracle-burst-blind", per_gpu_rps=25.0, insured_share=1.0, burst_room=room
         )
         held[room] = simulate(LOAD, jobs, config, start_s=0, end_s=4 * DAY).windows

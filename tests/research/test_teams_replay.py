@@ -14,19 +14,20 @@ from pathlib import Path
 import pytest
 
 import tideflow.scheduling.ledger as ledger_module
-from tideflow.inventory import ClusterSpec, Inventory
-from tideflow.scheduling import GangRequest, Lease, LeaseLedger
-from tideflow.scheduling.replay import (
+from research.scheduling.replay import Replay, replay
+from research.scheduling.streams import (
     DAY,
     HOUR,
     Job,
-    Replay,
     bank_spec,
     month_end_stream,
-    replay,
     static_quotas,
     urgent_stream,
 )
+from tideflow.inventory import ClusterSpec, Inventory
+from tideflow.scheduling import GangRequest, Lease, LeaseLedger
+
+pytestmark = pytest.mark.research
 
 
 def _specs() -> dict[str, ClusterSpec]:

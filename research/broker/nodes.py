@@ -2,8 +2,8 @@
 
 Counting GPUs flatters the broker: a gang of 4 fits "4 idle GPUs" spread over
 four nodes, and inference grows into idle GPUs that no whole node holds. With
-``SimulationConfig.placement = "nodes"`` the simulator places each gang as a
-gang scheduler packing its pool would (``NodePool.place``): a gang of whole
+``ResearchConfig.placement = "nodes"`` (``research.broker.simulate``) the simulator
+places each gang as a gang scheduler packing its pool would (``NodePool.place``): a gang of whole
 nodes on empty nodes, a smaller one, or a remainder, on the fullest node it
 fits (best fit), and inference on whole empty nodes. When inference grows and
 the victims the policy chose, reasoning in counts, leave too few empty nodes,
@@ -15,6 +15,7 @@ them as placement preemptions.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 
 class NodePool:
@@ -118,3 +119,42 @@ class NodePool:
                 break
             chosen += sorted(on[node] - set(chosen))
         return chosen
+
+
+class NodePlacement:
+    """The simulator's ``Placement`` on a ``NodePool``: gangs and inference on nodes, and
+    the gangs stopped only to empty nodes counted as placement preemptions."""
+
+    def __init__(self, nodes: int, node_gpus: int, *, node_aware: bool = True) -> None:
+        self.pool = NodePool(nodes, node_gpus)
+        # True: the policy sees the nodes and chooses victims that empty whole ones.
+        self.node_aware = node_aware
+        self.preemptions = 0  # stopped beyond the policy's victims, to empty nodes
+
+    def inference_to(self, gpus: int) -> int:
+        return self.pool.inference_to(gpus)
+
+    def place(self, gang: str, gpus: int, free: int) -> bool:
+        return self.pool.place(gang, gpus)
+
+    def resize(self, gang: str, gpus: int) -> bool:
+        return self.pool.resize(gang, gpus)
+
+    def release(self, gang: str) -> None:
+        self.pool.release(gang)
+
+    def nodes(self, gang: str) -> tuple[str, ...]:
+        return tuple(str(n) for n in self.pool.placed[gang])
+
+    def empty_nodes(self) -> int | None:
+        return len(self.pool.empty()) if self.node_aware else None
+
+    def to_empty(self, inference_gpus: int, cost: Mapping[str, float]) -> list[str]:
+        # The victims were chosen by count: empty whole nodes for the rest.
+        grow = inference_gpus // self.pool.node_gpus - len(self.pool.inference)
+        chosen = self.pool.to_empty(grow, cost) if grow > 0 else []
+        self.preemptions += len(chosen)
+        return chosen
+
+    def metrics(self) -> dict[str, Any]:
+        return {"placement_preemptions": self.preemptions}

@@ -11,12 +11,17 @@ Pure simulation on a seeded synthetic load: no server is involved.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from tideflow.broker import SimulationConfig, SyntheticLoad, simulate, synthetic_jobs
-from tideflow.broker.simulate import MECHANICS, SimulationResult
+from research.broker.bounds import MECHANICS
+from research.broker.simulate import ResearchConfig, simulate
+from tideflow.broker import SyntheticLoad, synthetic_jobs
+from tideflow.broker.simulate import SimulationResult
+
+pytestmark = pytest.mark.research
 
 DAY = 86400.0
 LOAD = SyntheticLoad(mean_rps=2000, seed=11)
@@ -24,7 +29,7 @@ JOBS = synthetic_jobs(seed=2, total_gpus=200, horizon_s=4 * DAY)
 
 
 def _run(policy: str, **overrides: Any) -> SimulationResult:
-    config = SimulationConfig(policy=policy, per_gpu_rps=25.0, **overrides)
+    config = ResearchConfig(policy=policy, per_gpu_rps=25.0, **overrides)
     return simulate(LOAD, JOBS, config, start_s=0, end_s=4 * DAY)
 
 
@@ -89,7 +94,7 @@ def test_the_hindsight_bound_keeps_each_mechanism_alone_or_both() -> None:
     lend = _run("oracle-hindsight-cross", bound_mechanics="lend")
     cooldown = _run("oracle-hindsight-cross", bound_mechanics="cooldown")
     both = _run("oracle-hindsight-cross", bound_mechanics="tidal")
-    assert SimulationConfig(policy="oracle-hindsight-cross").bound_mechanics == "lean"
+    assert ResearchConfig(policy="oracle-hindsight-cross").bound_mechanics == "lean"
     for kept in (lend, both):
         assert kept.metrics["mean_inference_gpus"] > lean.metrics["mean_inference_gpus"]
         assert "lost_work_budget_gpu_hours" in kept.metrics
@@ -110,25 +115,13 @@ def test_the_hindsight_bound_keeps_each_mechanism_alone_or_both() -> None:
 )
 def test_a_bad_mechanics_names_what_is_accepted(policy: str, mechanics: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        SimulationConfig(policy=policy, bound_mechanics=mechanics)
+        ResearchConfig(policy=policy, bound_mechanics=mechanics)
 
 
-def test_the_cli_runs_the_oracle_with_tidals_mechanics_and_names_a_bad_choice(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """``tideflow broker simulate --bound-mechanics``: a user's own trace can be split
-    the same way; a bad value exits 2 naming the accepted ones."""
-    import json
-
-    from tideflow.cli import main
-
-    common = ["broker", "simulate", "--trace", "synthetic", "--days", "2", "--per-gpu-rps"]
-    common += ["25", "--policy", "oracle", "--json"]
-    assert main([*common, "--bound-mechanics", "tidal"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["config"]["bound_mechanics"] == "tidal"
-    assert main(common) == 0
-    assert json.loads(capsys.readouterr().out)["config"]["bound_mechanics"] == "lean"
-    assert main([*common, "--bound-mechanics", "both"]) == 2
-    err = capsys.readouterr().err
-    assert "bound_mechanics 'both': use one of 'lean', 'cooldown', 'lend', 'tidal'" in err
+def test_the_result_names_the_mechanics_the_bound_kept() -> None:
+    """A split of a user's own trace reads back which mechanics the bound kept."""
+    short = ResearchConfig(policy="oracle", per_gpu_rps=25.0, bound_mechanics="tidal")
+    kept = simulate(LOAD, JOBS, short, start_s=0, end_s=DAY).to_json()
+    assert kept["config"]["bound_mechanics"] == "tidal"
+    lean = simulate(LOAD, JOBS, replace(short, bound_mechanics="lean"), start_s=0, end_s=DAY)
+    assert lean.to_json()["config"]["bound_mechanics"] == "lean"

@@ -1,0 +1,1 @@
+"""The teams' scheduling replayed over synthetic months (``bench/teams.py``)."""
