@@ -36,7 +36,7 @@ from tideflow.scheduling.placement import place, without_nodes
 from tideflow.scheduling.preemption import Eviction
 from tideflow.scheduling.quota import Grant, admit, queue_order, shrink_to
 from tideflow.scheduling.reservation import Reservation, quota_held_back, reservations
-from tideflow.scheduling.snapshot import Snapshot
+from tideflow.scheduling.snapshot import LedgerSnapshot
 
 WorkAtRisk = Callable[[Lease, float], float]
 
@@ -85,7 +85,7 @@ class Waits:
 
 
 def decide(
-    snap: Snapshot, request: GangRequest, now: float, work_at_risk: WorkAtRisk
+    snap: LedgerSnapshot, request: GangRequest, now: float, work_at_risk: WorkAtRisk
 ) -> Admitted | Waits:
     """Steps 1 to 7 for ``request`` on ``snap`` at ``now``."""
     grant: Grant | None = None
@@ -111,7 +111,7 @@ def decide(
 
 
 def _over_quota(
-    snap: Snapshot, request: GangRequest, quota: Refusal, now: float, work_at_risk: WorkAtRisk
+    snap: LedgerSnapshot, request: GangRequest, quota: Refusal, now: float, work_at_risk: WorkAtRisk
 ) -> Waits:
     """Step 1's refusal: never, or waiting (a preempting class, or an expired borrow,
     may free quota too)."""
@@ -122,7 +122,7 @@ def _over_quota(
 
 
 def _reservations(
-    snap: Snapshot, device_class: str, used: dict[str, set[int]], now: float
+    snap: LedgerSnapshot, device_class: str, used: dict[str, set[int]], now: float
 ) -> list[Reservation]:
     """Step 2: the gangs that have waited past ``reserve_after`` on this class, and the
     nodes held for each (``tideflow.scheduling.reservation``)."""
@@ -143,7 +143,7 @@ def _reservations(
 
 
 def _place(  # noqa: PLR0917 (what the earlier steps found, handed on)
-    snap: Snapshot,
+    snap: LedgerSnapshot,
     request: GangRequest,
     wanted: GangRequest,
     now: float,
@@ -188,7 +188,7 @@ def _place(  # noqa: PLR0917 (what the earlier steps found, handed on)
 
 
 def _held_back(
-    snap: Snapshot, request: GangRequest, grant: Grant, ahead: list[Reservation], now: float
+    snap: LedgerSnapshot, request: GangRequest, grant: Grant, ahead: list[Reservation], now: float
 ) -> str | None:
     """Why ``request`` may not start although its quota admits it: it would take
     quota that a reserved gang ahead of it needs."""
@@ -207,7 +207,7 @@ def _held_back(
     )
 
 
-def _on_held_nodes(snap: Snapshot, ahead: list[Reservation], now: float) -> str:
+def _on_held_nodes(snap: LedgerSnapshot, ahead: list[Reservation], now: float) -> str:
     assert snap.teams is not None
     limit = snap.teams.reserve_after_s or 0
     held = "; ".join(f"{', '.join(r.nodes)} {r.describe(now, limit)}" for r in ahead if r.nodes)
@@ -218,7 +218,7 @@ def _on_held_nodes(snap: Snapshot, ahead: list[Reservation], now: float) -> str:
 
 
 def _waiter_ahead(
-    snap: Snapshot,
+    snap: LedgerSnapshot,
     request: GangRequest,
     used: dict[str, set[int]],
     now: float,
@@ -244,7 +244,7 @@ def _waiter_ahead(
 
 
 def _would_start(  # noqa: PLR0917 (the waiter, and what step 6 read for the asking gang)
-    snap: Snapshot,
+    snap: LedgerSnapshot,
     request: GangRequest,
     other: GangRequest,
     queued_at: float,

@@ -20,7 +20,7 @@ from tideflow.scheduling.model import GangRequest, Lease, Refusal
 from tideflow.scheduling.placement import place, without_nodes
 from tideflow.scheduling.preemption import Eviction, candidates, victims
 from tideflow.scheduling.quota import Grant, admit, shrink_to
-from tideflow.scheduling.snapshot import Snapshot
+from tideflow.scheduling.snapshot import LedgerSnapshot
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class EvictionRecord:
 
 # -- who must stop (an admission step) ------------------------------------------------
 def make_room(
-    snap: Snapshot,
+    snap: LedgerSnapshot,
     request: GangRequest,
     now: float,
     work_at_risk: Callable[[Lease, float], float],

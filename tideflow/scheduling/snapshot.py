@@ -1,7 +1,7 @@
 """What admission decides on: the ledger's leases, queue and evictions, read once.
 
 As Kueue's scheduler takes a snapshot of its cache at the start of a cycle and
-decides on it alone, ``try_acquire`` reads one ``Snapshot`` inside its
+decides on it alone, ``try_acquire`` reads one ``LedgerSnapshot`` inside its
 transaction and the admission steps (``tideflow.scheduling.admission``) read
 nothing else; the ledger then writes their one result. The snapshot also carries
 the inventory and the teams it is judged against, so a step needs nothing but the
@@ -22,7 +22,9 @@ from tideflow.scheduling.teams import Held, Teams
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class LedgerSnapshot:
+    """The ledger as one ``try_acquire`` found it (Kueue's cache snapshot)."""
+
     inventory: Inventory
     teams: Teams | None  # None: one pool, no quotas
     held: tuple[Held, ...]  # every lease, its work at risk 0 (what admission and queueing read)
@@ -82,7 +84,7 @@ class Snapshot:
         )
 
 
-def read(db: sqlite3.Connection, inventory: Inventory, teams: Teams | None) -> Snapshot:
+def read(db: sqlite3.Connection, inventory: Inventory, teams: Teams | None) -> LedgerSnapshot:
     """Every lease, waiting request, eviction and claim, as admission sees them."""
     stopping = tuple(
         (str(g), str(b), float(d))
@@ -102,7 +104,7 @@ def read(db: sqlite3.Connection, inventory: Inventory, teams: Teams | None) -> S
             "SELECT node, device_class, device, lease_id FROM claims"
         )
     )
-    return Snapshot(
+    return LedgerSnapshot(
         inventory,
         teams,
         tuple(h for _, h in pairs),

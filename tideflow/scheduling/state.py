@@ -267,7 +267,7 @@ def _parse_lease(row: tuple[object, ...]) -> Lease:
 
 def _parse_held(row: tuple[object, ...], evicting: bool) -> tuple[Lease, Held]:
     """A ``leases`` row as the quota policy sees it; its work at risk is left 0 (only
-    eviction orders by it: ``Snapshot.at_risk`` fills it in then)."""
+    eviction orders by it: ``LedgerSnapshot.at_risk`` fills it in then)."""
     lease = _parse_lease(row)
     held = Held(
         lease.gang_id,
