@@ -39,7 +39,7 @@ and queued later); a gang ahead of it never waits for it.
     own quota. Its quota is a guarantee of devices counted against the team,
     which a reservation never takes, not of particular nodes; the ledger already
     holds such a gang back behind a waiter ahead of it that fits now
-    (``_waiter_ahead``), and a reservation extends "fits now" to "fits once its
+    (admission's step 6), and a reservation extends "fits now" to "fits once its
     nodes drain". If another team's gangs could take a held node whenever they
     had no other room, a team running a gang on every node would starve the
     large gang forever, which is the case reservations exist for. The wait this
