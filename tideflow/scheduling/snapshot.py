@@ -27,11 +27,11 @@ class LedgerSnapshot:
 
     inventory: Inventory
     teams: Teams | None  # None: one pool, no quotas
-    held: tuple[Held, ...]  # every lease, its work at risk 0 (what admission and queueing read)
+    held: tuple[Held, ...]  # every lease (none without teams), its work at risk 0
     leases: tuple[Lease, ...]  # the same leases, in the same order
     waiting: tuple[GangRequest, ...]  # the waiting table, in its order
     enqueued_at: tuple[float, ...]  # when each of ``waiting`` was queued
-    stopping: tuple[tuple[str, str, float], ...]  # evictions: (gang, for gang, deadline)
+    stopping: tuple[tuple[str, str, float], ...]  # (gang, for gang, deadline); teams only
     claims: tuple[tuple[str, str, int, str], ...]  # (node, device class, device, lease id)
 
     def used(self, device_class: str) -> dict[str, set[int]]:
@@ -85,16 +85,24 @@ class LedgerSnapshot:
 
 
 def read(db: sqlite3.Connection, inventory: Inventory, teams: Teams | None) -> LedgerSnapshot:
-    """Every lease, waiting request, eviction and claim, as admission sees them."""
-    stopping = tuple(
-        (str(g), str(b), float(d))
-        for g, b, d in db.execute("SELECT gang_id, by_gang, deadline FROM evictions ORDER BY rowid")
-    )
-    evicting = {gang for gang, _, _ in stopping}
-    pairs = [
-        state.parse_held(row, str(row[1]) in evicting)
-        for row in db.execute(f"SELECT {state.LEASE_COLUMNS} FROM leases").fetchall()
-    ]
+    """Every lease, waiting request, eviction and claim, as admission sees them.
+
+    Without teams there is no quota to charge and nobody to stop: admission reads
+    neither leases nor evictions, and the snapshot leaves them empty."""
+    stopping: tuple[tuple[str, str, float], ...] = ()
+    pairs: list[tuple[Lease, Held]] = []
+    if teams is not None:
+        stopping = tuple(
+            (str(g), str(b), float(d))
+            for g, b, d in db.execute(
+                "SELECT gang_id, by_gang, deadline FROM evictions ORDER BY rowid"
+            )
+        )
+        evicting = {gang for gang, _, _ in stopping}
+        pairs = [
+            state.parse_held(row, str(row[1]) in evicting)
+            for row in db.execute(f"SELECT {state.LEASE_COLUMNS} FROM leases").fetchall()
+        ]
     # in the table's order: queue_order's sort is stable, so the order of equal waiters
     # is this one
     rows = db.execute("SELECT request, enqueued_at FROM waiting ORDER BY rowid").fetchall()
