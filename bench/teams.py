@@ -67,7 +67,14 @@ def _commit() -> dict[str, Any]:
             ["git", *args], capture_output=True, text=True, check=False
         ).stdout.strip()
 
-    policy = ("tideflow/scheduling/ledger.py", "tideflow/scheduling/quota.py")
+    # the ledger and its quota policy: an edit there may change the figures
+    policy = tuple(
+        f"tideflow/scheduling/{module}.py"
+        for module in (
+            *("ledger", "state", "snapshot", "admission", "evictions", "journal", "usage"),
+            *("quota", "teams", "preemption"),
+        )
+    )
     return {
         "commit": git("rev-parse", "--short", "HEAD"),
         "policy_edited": bool(git("status", "--porcelain", *policy)),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import tideflow.scheduling.ledger as ledger_module
+import tideflow.scheduling.state as ledger_state
 from research.scheduling.replay import Replay, replay
 from research.scheduling.streams import (
     DAY,
@@ -146,15 +146,15 @@ def test_the_parse_cache_changes_no_decision(case: str, monkeypatch: pytest.Monk
         spec = bank_spec(reserve_after=None)
         jobs = urgent_stream(1, days=2, urgent_at_s=DAY, long_save_s=None)
         window = 6 * DAY
-    hits = ledger_module._cached_request.cache_info().hits
+    hits = ledger_state._cached_request.cache_info().hits
     cached = _decisions(spec, jobs, window)
-    assert ledger_module._cached_request.cache_info().hits > hits  # it was used
-    monkeypatch.setattr(ledger_module, "PARSE_CACHE", False)
-    info = (ledger_module._cached_request.cache_info(), ledger_module._cached_held.cache_info())
+    assert ledger_state._cached_request.cache_info().hits > hits  # it was used
+    monkeypatch.setattr(ledger_state, "PARSE_CACHE", False)
+    info = (ledger_state._cached_request.cache_info(), ledger_state._cached_held.cache_info())
     parsed = _decisions(spec, jobs, window)
     assert (
-        ledger_module._cached_request.cache_info(),
-        ledger_module._cached_held.cache_info(),
+        ledger_state._cached_request.cache_info(),
+        ledger_state._cached_held.cache_info(),
     ) == info
     if case.startswith("urgent"):  # the victims' order reads their work at risk
         assert any(row[2] == "evict" for row in cached if len(row) == 4)

@@ -45,11 +45,11 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from tideflow.scheduling.teams import TeamQuotaRow, team_view
+
 if TYPE_CHECKING:
     from tideflow.inventory import ClusterSpec
-    from tideflow.scheduling.ledger import UsageSpan
-    from tideflow.scheduling.model import Lease
-    from tideflow.scheduling.quota import Teams
+    from tideflow.scheduling.usage import UsageSpan
 
 GroupBy = Literal["team", "pipeline", "run"]
 GROUPINGS: tuple[GroupBy, ...] = ("team", "pipeline", "run")
@@ -346,57 +346,6 @@ def report_rows(
         row["model"] = total.model
         rows.append(row)
     return rows
-
-
-# -- the teams now (the page) -------------------------------------------------------------
-@dataclass(frozen=True)
-class TeamQuotaRow:
-    """A team's share of one device class (and model) and what it does with it now."""
-
-    team: str
-    device_class: str
-    model: str | None  # None: the class-wide quota entry
-    nominal: int  # its quota (0: no entry, all it uses is borrowed)
-    in_use: int  # devices its leases hold on this entry now
-    borrowed: int  # of in_use, beyond nominal (from the shared pool or a lender)
-    lent: int  # of nominal, held now by other teams' gangs that borrow it
-
-    @property
-    def label(self) -> str:
-        return self.device_class if self.model is None else f"{self.model} {self.device_class}"
-
-
-def team_view(teams: Teams, leases: Sequence[Lease]) -> list[TeamQuotaRow]:
-    """Per declared team and quota entry: nominal, in use, borrowed and lent now.
-
-    A lease counts against the entry ``Teams.key`` gives it (its model's, else its
-    class's), the same entry admission charged it to; a lender's lent devices are
-    counted on that entry too. A team that uses a class it has no entry for gets a
-    row with nominal 0. Teams outside quotas (the broker's) have no rows.
-    """
-    rows: dict[tuple[str, str, str | None], list[int]] = {}
-    for name, team in teams.teams.items():
-        for quota in team.quota:
-            rows[(name, str(quota.device), quota.model)] = [int(quota.nominal), 0, 0, 0]
-    for lease in leases:
-        if not teams.governs(lease.team):
-            continue
-        device_class, model = teams.key(lease.team, lease.device_class, lease.model)
-        row = rows.setdefault((lease.team, device_class, model), [0, 0, 0, 0])
-        row[1] += lease.devices
-        row[2] += lease.borrowed
-        if lease.borrowed and lease.lender and teams.governs(lease.lender):
-            lender = rows.setdefault(
-                (lease.lender, device_class, model),
-                [teams.nominal(lease.lender, (device_class, model)), 0, 0, 0],
-            )
-            lender[3] += lease.borrowed
-    return [
-        TeamQuotaRow(team, device_class, model, *numbers)
-        for (team, device_class, model), numbers in sorted(
-            rows.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")
-        )
-    ]
 
 
 __all__ = [

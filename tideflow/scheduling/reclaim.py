@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tideflow.scheduling.model import GangRequest
-    from tideflow.scheduling.quota import Held, Key, Teams
+    from tideflow.scheduling.teams import Held, Key, Teams
 
 Entry = tuple[str, "Key"]  # (team, the quota entry its gangs count against)
 

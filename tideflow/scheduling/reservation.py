@@ -39,7 +39,7 @@ and queued later); a gang ahead of it never waits for it.
     own quota. Its quota is a guarantee of devices counted against the team,
     which a reservation never takes, not of particular nodes; the ledger already
     holds such a gang back behind a waiter ahead of it that fits now
-    (``_waiter_ahead``), and a reservation extends "fits now" to "fits once its
+    (admission's step 6), and a reservation extends "fits now" to "fits once its
     nodes drain". If another team's gangs could take a held node whenever they
     had no other room, a team running a gang on every node would starve the
     large gang forever, which is the case reservations exist for. The wait this
@@ -59,7 +59,8 @@ from dataclasses import dataclass
 from tideflow.inventory import Inventory
 from tideflow.scheduling.model import GangRequest
 from tideflow.scheduling.placement import nodes_to_hold
-from tideflow.scheduling.quota import Grant, Held, Teams, admit
+from tideflow.scheduling.quota import Grant, admit
+from tideflow.scheduling.teams import Held, Teams
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,29 @@ def reservations(
     limit = teams.reserve_after_s
     if limit is None:
         return []
+    found: list[Reservation] = []
+    taken: set[str] = set()
+    for request, at in _first_per_team(teams, device_class, waiting, held, since=now - limit):
+        since = at + limit
+        newer, leases, kept = _claimed(claims, request, since)
+        nodes = nodes_to_hold(
+            request, inventory, used, newer=newer, leases=leases, taken=taken | kept
+        )
+        taken.update(nodes)
+        found.append(Reservation(request, at, since, nodes))
+    return found
+
+
+def _first_per_team(
+    teams: Teams,
+    device_class: str,
+    waiting: Sequence[tuple[GangRequest, float]],
+    held: Sequence[Held],
+    *,
+    since: float,
+) -> list[tuple[GangRequest, float]]:
+    """Each team's first gang on ``device_class`` queued by ``since`` that its quota
+    admits now, in queue order (priority, then queued earliest)."""
     demand = [request for request, _ in waiting]
     first: list[tuple[GangRequest, float]] = []
     teams_seen: set[str] = set()
@@ -120,7 +144,7 @@ def reservations(
     for request, at in sorted(waiting, key=lambda w: (-w[0].priority, w[1])):
         if request.device_class != device_class or request.team in teams_seen:
             continue
-        if at > now - limit:
+        if at > since:
             continue
         shape = (
             request.team,
@@ -139,32 +163,27 @@ def reservations(
             continue
         teams_seen.add(request.team)
         first.append((request, at))
-    found: list[Reservation] = []
-    taken: set[str] = set()
-    for request, at in first:
-        since = at + limit
-        newer: dict[str, int] = {}
-        leases: dict[str, set[str]] = {}
-        kept: set[str] = set()
-        for claim in claims:
-            leases.setdefault(claim.node, set()).add(claim.lease_id)
-            if claim.acquired_at > since:
-                newer[claim.node] = newer.get(claim.node, 0) + 1
-            # A lease ahead of the gang that nothing may stop (the broker's inference
-            # reservations) keeps its node as long as it needs it: no place to hold.
-            if not claim.preemptible and claim.priority > request.priority:
-                kept.add(claim.node)
-        nodes = nodes_to_hold(
-            request,
-            inventory,
-            used,
-            newer=newer,
-            leases={node: len(ids) for node, ids in leases.items()},
-            taken=taken | kept,
-        )
-        taken.update(nodes)
-        found.append(Reservation(request, at, since, nodes))
-    return found
+    return first
+
+
+def _claimed(
+    claims: Sequence[Claim], request: GangRequest, since: float
+) -> tuple[dict[str, int], dict[str, int], set[str]]:
+    """Per node, what the choice of ``request``'s held nodes reads: devices claimed by
+    leases started after ``since``, the leases to wait for, and the nodes a lease
+    ahead of it that nothing may stop keeps."""
+    newer: dict[str, int] = {}
+    leases: dict[str, set[str]] = {}
+    kept: set[str] = set()
+    for claim in claims:
+        leases.setdefault(claim.node, set()).add(claim.lease_id)
+        if claim.acquired_at > since:
+            newer[claim.node] = newer.get(claim.node, 0) + 1
+        # A lease ahead of the gang that nothing may stop (the broker's inference
+        # reservations) keeps its node as long as it needs it: no place to hold.
+        if not claim.preemptible and claim.priority > request.priority:
+            kept.add(claim.node)
+    return newer, {node: len(ids) for node, ids in leases.items()}, kept
 
 
 def quota_held_back(
