@@ -19,6 +19,8 @@ actuator's parts define is importable from here.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,8 +30,8 @@ from tideflow.broker.journal import PreemptionCount
 from tideflow.broker.kube_evictions import Evictions, Evictor
 from tideflow.broker.kube_inference import InferenceService
 from tideflow.broker.kube_kueue_counts import kueue_preemption_counts
-from tideflow.broker.kube_pools import NodePools, by_gang, checkpoint_store
-from tideflow.broker.kube_queue import TrainingQueue, TrainingQueueRefusedError
+from tideflow.broker.kube_pools import NodePools, by_gang, checkpoint_store, taint_as_written
+from tideflow.broker.kube_queue import TrainingQueue, TrainingQueueRefusedError, refusal
 from tideflow.broker.kube_target import (
     DEVICE_CLASSES,
     KUEUE_PREEMPTED,
@@ -38,6 +40,7 @@ from tideflow.broker.kube_target import (
     QUEUE_KINDS,
     TAINT_KEY,
     ClusterTarget,
+    few,
     target_from_env,
 )
 from tideflow.broker.kube_tenant import InferenceTenant, pool_model
@@ -66,6 +69,15 @@ __all__ = [
     "target_from_env",
 ]
 
+# The module's former private names, for code that imported them from here.
+log = logging.getLogger(__name__)
+_checkpoint_store = checkpoint_store
+_taint = taint_as_written
+_by_gang = by_gang
+_pool_model = pool_model
+_refusal = refusal
+_few = few
+
 
 @dataclass(frozen=True)
 class KubernetesApplied:
@@ -75,6 +87,8 @@ class KubernetesApplied:
     refused_by_pdb: tuple[str, ...]
     note: str
     stopped_gpus: int = 0  # the GPUs of the pods evicted (the journal's record of stops)
+    # inference's replicas evicted off the nodes given back to training (no gang's stop)
+    moved_replicas: tuple[str, ...] = ()
 
 
 class KubernetesActuator:
@@ -230,6 +244,10 @@ class KubernetesActuator:
         return tuple(views)
 
     # -- acting -------------------------------------------------------------------------
+    def _set_pool(self, node: Any, pool: str) -> None:
+        """Move ``node`` into ``pool`` (its label and taint; ``NodePools.set_pool``)."""
+        self.pools.set_pool(node, pool)
+
     def _set_training_quota(self, gpus: int) -> int:
         """Move the training queue's GPU quota to ``gpus``; the quota written."""
         return self.queue.set_quota(gpus)
@@ -305,8 +323,14 @@ class KubernetesActuator:
         elif wanted < have:
             have = self._shrink(inference, have=have, wanted=wanted)
         self.inference.scale(have)
+        returned = {n.metadata.name for n in nodes if self.pools.pool(n) == "inference"}
+        returned -= {n.metadata.name for n in inference}
+        moved = self.inference.vacate(returned, self.evictor, started + self.grace_s)
+        if moved.refused:
+            note += f"; inference's PDB kept replicas on {few(sorted(moved.kept_on))}"
         quota = self._set_training_quota(total - have)
-        return self._applied(inference, done, note, have=have, total=total, quota=quota)
+        applied = self._applied(inference, done, note, have=have, total=total, quota=quota)
+        return dataclasses.replace(applied, moved_replicas=tuple(moved.evicted))
 
     @staticmethod
     def _applied(
