@@ -633,7 +633,6 @@ def test_the_brokers_role_covers_every_call_it_makes(cluster: tuple[Cluster, Any
         ("pods", "get", ""),
         ("pods", "watch", ""),
         ("nodes", "watch", ""),
-        ("deployments/scale", "get", "inference"),
         ("horizontalpodautoscalers", "get", "inference"),
     }
 

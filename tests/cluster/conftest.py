@@ -99,3 +99,40 @@ def deployed(kube: Kube) -> list[tuple[str, dict[str, Any]]]:
     stored = kube.apply([obj for _, obj in applied], manager="tideflow-deploy")
     assert len(stored) == len(applied)
     return applied
+
+
+@pytest.fixture(scope="package")
+def lab_queues(deployed: Any, kube: Kube) -> None:
+    """The lab cluster file's teams compiled for Kueue and applied (its nodes are kwok's)."""
+    from tideflow.compile.kueue_queues import kueue_objects
+    from tideflow.inventory import ClusterSpec
+    from tideflow.spec.loader import load_model
+    from tideflow.stack.cluster.lifecycle import DEFAULT_NODES
+
+    objects, _ = kueue_objects(load_model(DEFAULT_NODES, ClusterSpec))
+    kube.apply(objects, manager="tideflow-compile")
+
+
+def service_account_kubeconfig(state: ClusterState, name: str, path: Path) -> Path:
+    """A kubeconfig holding a token of ServiceAccount ``name`` (the TokenRequest API, as
+    a pod's projected token): the identity itself, not the admin impersonating it.
+    The ServiceAccount is created if missing (Airflow's chart makes the Airflow ones;
+    deploy/kubernetes only binds Roles to them)."""
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+    }
+    Kube(state.admin).apply([account], manager="tideflow-test")
+    request = {"spec": {"expirationSeconds": 3600}}
+    token = (
+        client.CoreV1Api(Kube(state.admin).api)
+        .create_namespaced_service_account_token(name, NAMESPACE, request)
+        .status.token
+    )
+    config = yaml.safe_load(state.admin.read_text())
+    config["users"] = [{"name": name, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = name
+    path.write_text(yaml.safe_dump(config))
+    return path

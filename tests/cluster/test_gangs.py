@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 
 from tests.cluster.conftest import NAMESPACE, service_account
@@ -26,20 +25,12 @@ from tideflow.inventory import ClusterSpec
 from tideflow.kube.volcano import KubeSettings
 from tideflow.spec.loader import load_model
 from tideflow.stack.cluster.kubeapi import Kube
-from tideflow.stack.cluster.lifecycle import DEFAULT_NODES
 from tideflow.stack.cluster.nodes import cluster_nodes
 from tideflow.stack.cluster.state import ClusterState
 
 SETTINGS = KubeSettings(gang_scheduler="kueue", termination_grace_s=30)
 WORKER = "tideflow-airflow-worker"
 TRIGGERER = "tideflow-airflow-triggerer"
-
-
-@pytest.fixture(scope="module")
-def lab_queues(deployed: Any, kube: Kube) -> None:
-    """The lab cluster file's teams compiled for Kueue and applied (its nodes are kwok's)."""
-    objects, _ = kueue_objects(load_model(DEFAULT_NODES, ClusterSpec))
-    kube.apply(objects, manager="tideflow-compile")
 
 
 def gang(

@@ -182,7 +182,17 @@ class Api:
                 "kind": "Scale",
                 "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion")},
                 "spec": {"replicas": obj["spec"].get("replicas", 1)},
-                "status": {"replicas": (obj.get("status") or {}).get("replicas", 0)},
+                "status": {
+                    "replicas": (obj.get("status") or {}).get("replicas", 0),
+                    # the Deployment's selector as a string, as the API server reports it
+                    # (matchLabels only: the fake's Deployments use no expressions)
+                    "selector": ",".join(
+                        f"{key}={value}"
+                        for key, value in sorted(
+                            ((obj["spec"].get("selector") or {}).get("matchLabels") or {}).items()
+                        )
+                    ),
+                },
             }
 
         if info.verb == "get":

@@ -1,0 +1,152 @@
+"""The GPU nodes the broker manages, their pools, and the GPUs the pods on them hold.
+
+Nodes move between the ``inference`` and ``training`` pools as a whole: a label
+(``tideflow.io/pool=POOL``) that pods select, and a ``NoSchedule`` taint of the
+same key and value that keeps pods of no pool off.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+from tideflow.broker.kube_target import POOL_LABEL, TAINT_KEY, ClusterTarget
+from tideflow.checkpoint import CHECKPOINT_URI_ENV
+from tideflow.kube.client import MERGE
+from tideflow.kube.volcano import GANG_LABEL
+
+
+def checkpoint_store(pods: list[Any]) -> str | None:
+    """The checkpoint store a gang's pods were given (the same for all of its workers)."""
+    for pod in pods:
+        for container in pod.spec.containers or []:
+            for variable in container.env or []:
+                if variable.name == CHECKPOINT_URI_ENV and variable.value:
+                    return str(variable.value)
+    return None
+
+
+def taint_as_written(taint: Any) -> dict[str, str]:
+    """A taint as the API server wrote it: its set fields, timeAdded in RFC 3339 UTC.
+
+    timeAdded (set on NoExecute taints) starts their toleration time: dropping it
+    would change the taint.
+    """
+    found = {"key": taint.key, "value": taint.value, "effect": taint.effect}
+    added = getattr(taint, "time_added", None)
+    if added is not None:
+        found["timeAdded"] = added.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {name: value for name, value in found.items() if value}
+
+
+def by_gang(pods: list[Any]) -> dict[str, list[Any]]:
+    """Pods by their ``tideflow.io/gang`` label (pods without one are no gang's)."""
+    found: dict[str, list[Any]] = {}
+    for pod in pods:
+        gang = (pod.metadata.labels or {}).get(GANG_LABEL)
+        if gang:
+            found.setdefault(gang, []).append(pod)
+    return found
+
+
+def spec_gpus(spec: dict[str, Any], resource: str) -> int:
+    """GPUs a pod with this spec holds, by the Kubernetes rule for a pod's effective
+    request: its containers' sum plus its sidecars' (init containers with
+    ``restartPolicy: Always``, running beside them), or, if higher, the most any
+    other init container holds with the sidecars started before it."""
+    sidecars = init_peak = 0
+    for container in spec.get("initContainers") or []:
+        if container.get("restartPolicy") == "Always":
+            sidecars += container_gpus(container, resource)
+        else:
+            init_peak = max(init_peak, sidecars + container_gpus(container, resource))
+    app = sum(container_gpus(c, resource) for c in spec.get("containers") or [])
+    return max(app + sidecars, init_peak)
+
+
+def container_gpus(container: dict[str, Any], resource: str) -> int:
+    """GPUs a container asks for (its requests, else its limits: an extended
+    resource's request defaults to its limit)."""
+    resources = container.get("resources") or {}
+    amount = (resources.get("requests") or {}).get(resource)
+    if amount is None:
+        amount = (resources.get("limits") or {}).get(resource, "0")
+    return int(str(amount))
+
+
+class NodePools:
+    """The GPU nodes (``ClusterTarget.node_selector``), the pool each is in, the pods
+    on the training pool, and moving a node from one pool to the other."""
+
+    def __init__(self, core: Any, target: ClusterTarget) -> None:
+        self.core = core
+        self.target = target
+
+    def gpu_nodes(self) -> list[Any]:
+        nodes = self.core.list_node(label_selector=self.target.node_selector).items
+        return sorted(nodes, key=lambda n: n.metadata.name)
+
+    def gpus(self, node: Any) -> int:
+        return int(str((node.status.allocatable or {}).get(self.target.gpu_resource, "0")))
+
+    @staticmethod
+    def pool(node: Any) -> str:
+        return str((node.metadata.labels or {}).get(POOL_LABEL, "training"))
+
+    def spec_gpus(self, spec: dict[str, Any]) -> int:
+        return spec_gpus(spec, self.target.gpu_resource)
+
+    def pod_gpus(self, pod: Any) -> int:
+        """GPUs a pod holds: the scheduler reserves its effective request for its life."""
+        serialize = self.core.api_client.sanitize_for_serialization
+        return self.spec_gpus(
+            {
+                "containers": serialize(pod.spec.containers or []),
+                "initContainers": serialize(pod.spec.init_containers or []),
+            }
+        )
+
+    def training_pods(self) -> list[Any]:
+        training = {n.metadata.name for n in self.gpu_nodes() if self.pool(n) != "inference"}
+        pods = self.core.list_namespaced_pod(self.target.namespace).items
+        return [
+            p
+            for p in pods
+            if p.spec.node_name in training
+            and p.status.phase in ("Pending", "Running")
+            and p.metadata.deletion_timestamp is None
+        ]
+
+    def busy_nodes(self) -> set[str]:
+        """Training nodes inference cannot take now: a live pod runs on them (an evicted
+        one, terminating, no longer counts), or they are cordoned or not Ready."""
+        return {p.spec.node_name for p in self.training_pods()} | self.unusable_nodes()
+
+    def unusable_nodes(self) -> set[str]:
+        """GPU nodes cordoned (drained for maintenance) or not Ready: inference's replicas
+        would not start there, so the broker neither counts nor takes them."""
+        unusable = set()
+        for node in self.gpu_nodes():
+            conditions = (node.status.conditions or []) if node.status else []
+            not_ready = any(c.type == "Ready" and c.status != "True" for c in conditions)
+            if node.spec.unschedulable or not_ready:
+                unusable.add(node.metadata.name)
+        return unusable
+
+    def set_pool(self, node: Any, pool: str) -> None:
+        # Read again: the list is sent back whole, and while the broker waited for an
+        # eviction someone may have added a taint (a GPU health check) it must keep.
+        node = self.core.read_node(node.metadata.name)
+        taints = [t for t in (node.spec.taints or []) if getattr(t, "key", None) != TAINT_KEY]
+        body = {
+            "metadata": {"labels": {POOL_LABEL: pool}},
+            "spec": {
+                # A merge patch replaces the list whole: the other taints go back as read,
+                # or deploy/kubernetes/broker-rbac.yaml's admission policy refuses the patch.
+                "taints": [taint_as_written(t) for t in taints]
+                # Pods that are no pool's stay off; a pool's pods tolerate the key and
+                # choose their pool by the label (tideflow.kube.pods).
+                + [{"key": TAINT_KEY, "value": pool, "effect": "NoSchedule"}]
+            },
+        }
+        self.core.patch_node(node.metadata.name, body, _content_type=MERGE)
