@@ -34,6 +34,7 @@ KUBERNETES = (
         "The namespace of gang jobs and of what the broker moves.",
         "a namespace name",
         default="tideflow",
+        nonblank=True,
     ),
     Setting(
         "TIDEFLOW_K8S_IMAGE",
@@ -42,6 +43,7 @@ KUBERNETES = (
         "The image gang workers run, unless a pipeline names its own.",
         "an image reference",
         default="registry.example.com/tideflow:0.1.0",
+        nonblank=True,
     ),
     Setting(
         "TIDEFLOW_K8S_STORE_SECRET",

@@ -59,7 +59,7 @@ PLATFORM = (
     Setting(
         "TIDEFLOW_MLFLOW_UI_URL",
         "text",
-        ("operator", "cli"),
+        ("operator",),
         "The MLflow UI's address as a browser reaches it, for run links.",
         "an http:// or https:// URL",
         default_note="MLFLOW_TRACKING_URI when it is http(s)",

@@ -59,6 +59,7 @@ class Setting:
     above: float | None = None  # exclusive lower bound
     below: float | None = None  # exclusive upper bound
     blank_is_unset: bool = False  # an empty value means the same as an unset one
+    nonblank: bool = False  # a name that must be given when set (a uri always must)
 
     def default_for(self, backend: str = "local") -> str | None:
         """The text used when the variable is unset, on ``backend``."""
@@ -98,7 +99,7 @@ class Setting:
         refused = (
             (self.kind == "choice" and text not in self.choices)
             or (self.kind == "flag" and text not in FLAG_WORDS)
-            or (self.kind == "uri" and not text.strip())
+            or ((self.kind == "uri" or self.nonblank) and not text.strip())
         )
         if refused:
             raise self.refuse(text)
