@@ -26,8 +26,8 @@ PLATFORM = (
         "TIDEFLOW_PIPELINES_DIR",
         "path",
         ("cli", "dag", "stack"),
-        "The directory of pipeline files the DAG file builds one DAG per file from.",
-        "a directory of pipeline YAML files",
+        "The pipeline files the DAG file builds one DAG each from (`tideflow run`: one file).",
+        "a directory of pipeline YAML files, or one pipeline file",
         default="pipelines",
     ),
     Setting(
