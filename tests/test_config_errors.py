@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tideflow.cli import main
+from tideflow.settings_registry import SETTINGS
 
 CLUSTER = """\
 apiVersion: tideflow/v1
@@ -71,16 +72,41 @@ BROKER = {
     "TIDEFLOW_BACKEND": ("kubernetes ", "Local"),
     "TIDEFLOW_CLUSTER_FILE": (),
 }
+PLATFORM = (
+    "TIDEFLOW_HOME",
+    "TIDEFLOW_BACKEND",
+    "TIDEFLOW_PIPELINES_DIR",
+    "TIDEFLOW_CLUSTER_FILE",
+    "TIDEFLOW_ARTIFACT_ROOT",
+    "TIDEFLOW_CHECKPOINT_ROOTS",
+)
+DIGITS = str(Path(__file__).resolve().parent.parent / "pipelines" / "digits.yaml")
+# the cluster settings a compile for Argo reads (tideflow.kube.settings)
+KUBERNETES = tuple(
+    s.name for s in SETTINGS if "cli" in s.readers and s.name.startswith("TIDEFLOW_K8S_")
+)
 COMMANDS = {
-    ("broker", "run", "--dry-run", "--once"): tuple(BROKER),
-    ("gangs",): ("TIDEFLOW_HOME", "TIDEFLOW_BACKEND"),
-    ("usage",): ("TIDEFLOW_HOME", "TIDEFLOW_BACKEND"),
+    ("broker", "run", "--dry-run", "--once"): (*BROKER, *PLATFORM[2:]),
+    ("gangs",): PLATFORM,
+    ("usage",): PLATFORM,
+    ("compile", DIGITS, "--target", "argo"): (*KUBERNETES, "TIDEFLOW_ARTIFACT_ROOT"),
+}
+# what a command needs besides the working configuration (digits' team is not the lab's)
+COMMAND_ENV = {("compile", DIGITS, "--target", "argo"): {"TIDEFLOW_CLUSTER_FILE": ""}}
+SHAPED = {
+    **BROKER,
+    "TIDEFLOW_CLUSTER_FILE": ("{tmp}/binary", "{tmp}/a-file"),
+    "TIDEFLOW_K8S_GRACE_S": ("29", "30.5"),
+    "TIDEFLOW_K8S_GANG_SCHEDULER": ("Kueue",),
+    "TIDEFLOW_K8S_DEVICE_MODELS": ("H100", "=x", "H100=,A100=y"),
+    "TIDEFLOW_K8S_GANG_SERVICE_ACCOUNT": ("Upper", "a_b", "x" * 254),
+    "TIDEFLOW_CHECKPOINT_ROOTS": ("=s3://x", "team=", ",,"),
 }
 CASES = [
     (command, name, value)
     for command, names in COMMANDS.items()
     for name in names
-    for value in (*HOSTILE, *BROKER[name])
+    for value in (*HOSTILE, *SHAPED.get(name, ()))
 ]
 
 
@@ -98,8 +124,8 @@ def run(argv: list[str], tmp: Path, env: dict[str, str]) -> tuple[int, str]:
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp)  # an empty TIDEFLOW_HOME is the working directory
-        for name in (*BROKER, "TIDEFLOW_BROKER_SENSE_S", "TIDEFLOW_BROKER_POLL_S"):
-            mp.delenv(name, raising=False)
+        for setting in SETTINGS:
+            mp.delenv(setting.name, raising=False)
         for name, value in {**base, **env}.items():
             mp.setenv(name, value)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
@@ -116,8 +142,14 @@ def state_files(tmp: Path) -> list[str]:
     return sorted(p.name for p in tmp.rglob("*") if p.name in ("leases.db", "broker.db"))
 
 
+def test_every_setting_a_command_reads_is_driven() -> None:
+    """What the registry says the CLI reads is what this test drives through a command."""
+    driven = {name for names in COMMANDS.values() for name in names}
+    assert driven == {s.name for s in SETTINGS if "cli" in s.readers}
+
+
 @settings(
-    max_examples=150,
+    max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -127,7 +159,7 @@ def test_a_hostile_setting_is_one_message_naming_it(case: tuple[tuple[str, ...],
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(scratch)
         value = template.format(tmp=tmp)
-        code, out = run(list(command), tmp, {name: value})
+        code, out = run(list(command), tmp, {**COMMAND_ENV.get(command, {}), name: value})
         assert "Traceback" not in out, (name, value, out)
         if code == 0:
             return  # a value the command can use (a budget of none, a zero grace, ...)
@@ -135,6 +167,28 @@ def test_a_hostile_setting_is_one_message_naming_it(case: tuple[tuple[str, ...],
         assert len(out.strip().splitlines()) == 1, (name, value, out)
         assert name in out, (name, value, out)
         assert state_files(tmp) == [], (name, value, out)
+
+
+@pytest.mark.parametrize(
+    ("argv", "name", "value"),
+    [
+        (["gangs"], "TIDEFLOW_CLUSTER_FILE", "/no/such/path"),  # a SpecError, exit 1
+        (["usage"], "TIDEFLOW_CLUSTER_FILE", "{tmp}/binary"),
+        (["gangs"], "TIDEFLOW_ARTIFACT_ROOT", ""),  # an empty root went through
+        (["compile", DIGITS, "--target", "argo"], "TIDEFLOW_K8S_IMAGE", ""),  # hera asserted
+        (["compile", DIGITS, "--target", "argo"], "TIDEFLOW_K8S_GRACE_S", "1e400"),
+    ],
+)
+def test_the_other_commands_refuse_a_setting_by_name(
+    tmp_path: Path, argv: list[str], name: str, value: str
+) -> None:
+    """Found by the sweep over every setting the CLI reads: a cluster file named by the
+    setting is a configuration error (the file's first problem located in it), not the
+    file's own error; an empty image escaped as a traceback from the Argo compiler."""
+    env = {**COMMAND_ENV.get(tuple(argv), {}), name: value.format(tmp=tmp_path)}
+    code, out = run(argv, tmp_path, env)
+    assert (code, "Traceback" in out, name in out) == (2, False, True), out
+    assert len(out.strip().splitlines()) == 1 and state_files(tmp_path) == []
 
 
 @pytest.mark.parametrize(

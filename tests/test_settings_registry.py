@@ -208,3 +208,11 @@ def test_an_undeclared_name_is_a_programming_error() -> None:
 
     with pytest.raises(KeyError, match="TIDEFLOW_NOPE is not a declared setting"):
         registry.raw("TIDEFLOW_NOPE")
+
+
+def test_the_kubernetes_defaults_are_kube_settings_own() -> None:
+    """Unset, every TIDEFLOW_K8S_* reads as ``KubeSettings``' default (one source)."""
+    from tideflow.kube.settings import kube_settings_from_env
+    from tideflow.kube.volcano import KubeSettings
+
+    assert kube_settings_from_env({}) == KubeSettings()

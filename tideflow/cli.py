@@ -19,7 +19,7 @@ from tideflow.compile.dag_plan import compile_dag_plan, topological_order
 from tideflow.compile.templates import exact_param, has_template
 from tideflow.config import ConfigError, Settings
 from tideflow.gangs.priority import gang_priority
-from tideflow.inventory import Inventory, detect_local, load_cluster
+from tideflow.inventory import Inventory, cluster_setting, detect_local, load_cluster
 from tideflow.spec import PipelineSpec, SpecError, find_pipelines, load_pipeline
 from tideflow.spec.fields import format_duration
 from tideflow.spec.loader import CLUSTER_KIND, display_path, document_kind
@@ -33,11 +33,20 @@ from tideflow.spec.params import (
 from tideflow.steps.validation import CLUSTER_TARGETS, deeper_checks
 
 
+def _settings() -> Settings:
+    """The platform settings, the cluster file they name loaded and checked: one they
+    cannot use is a ``ConfigError`` (exit 2) naming the setting, before any state opens."""
+    settings = Settings.from_env()
+    if settings.cluster_file is not None:
+        cluster_setting(settings.cluster_file)
+    return settings
+
+
 def _inventory(path: str | None) -> Inventory | None:
-    if path:
+    if path:  # a file named on the command line: its problems are the file's (exit 1)
         return load_cluster(path)
     settings = Settings.from_env()
-    return load_cluster(settings.cluster_file) if settings.cluster_file else None
+    return cluster_setting(settings.cluster_file) if settings.cluster_file else None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -270,7 +279,7 @@ def cmd_gangs(args: argparse.Namespace) -> int:
     from tideflow.gangs import open_ledger
     from tideflow.gangs.control import gang_rows, stop_gang
 
-    settings = Settings.from_env()
+    settings = _settings()
     ledger = open_ledger(settings.ledger_path, settings.cluster)
     backend = LocalBackend(settings.gangs_dir)
     if args.action == "cancel":
@@ -317,7 +326,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    settings = Settings.from_env()
+    settings = _settings()
     totals: list[accounting.UsageTotal] = []
     spent: list[accounting.BudgetUse] = []
     if settings.ledger_path.exists():

@@ -18,7 +18,8 @@ from typing import Any, Literal, cast
 
 from pydantic import Field, model_validator
 
-from tideflow.spec.errors import SpecIssue
+from tideflow.config import bad_setting
+from tideflow.spec.errors import SpecError, SpecIssue
 from tideflow.spec.fields import MemoryQuantity, Name, fail, strict_int
 from tideflow.spec.loader import load_model
 from tideflow.spec.models import DeviceClass, SpecModel
@@ -239,6 +240,24 @@ def detect_local(gpu_names: Iterable[str] | None = None) -> Inventory:
 def load_cluster(path: str | os.PathLike[str]) -> Inventory:
     """The inventory a cluster file (``kind: Cluster``) declares; ``SpecError`` if it is wrong."""
     return Inventory.from_spec(load_model(path, ClusterSpec))
+
+
+def cluster_setting(path: str | os.PathLike[str]) -> Inventory:
+    """The inventory of the cluster file the setting ``TIDEFLOW_CLUSTER_FILE`` names: a
+    file missing or wrong is a ``ConfigError`` naming the setting, then the file's first
+    problem where it is (file:line:column: field: problem) and what is accepted."""
+    try:
+        return load_cluster(path)
+    except SpecError as exc:
+        first = exc.issues[0]
+        where = f"{first.file}:{first.line}:{first.column}: {first.field or '(document)'}"
+        more = f" (and {len(exc.issues) - 1} more problems)" if len(exc.issues) > 1 else ""
+        raise bad_setting(
+            "TIDEFLOW_CLUSTER_FILE",
+            str(path),
+            first.accepted or "a cluster file (kind: Cluster)",
+            f"{where}: {first.problem}{more}",
+        ) from None
 
 
 def inventory_for(cluster_file: str | os.PathLike[str] | None) -> Inventory:

@@ -218,9 +218,9 @@ def _register(namespace: dict[str, Any]) -> LoadResult:
             report_errors({settings.cluster_file: exc})
             return LoadResult()
     pipelines_dir = settings.pipelines_dir
-    if not pipelines_dir.is_dir():
+    if not pipelines_dir.exists():
         raise registry.declared("TIDEFLOW_PIPELINES_DIR").refuse(
-            registry.raw("TIDEFLOW_PIPELINES_DIR"), f"{pipelines_dir} is not a directory"
+            registry.raw("TIDEFLOW_PIPELINES_DIR"), f"{pipelines_dir} does not exist"
         )
     only = parsing_for()
     result = load_dags(pipelines_dir, inventory, only=only)

@@ -25,6 +25,7 @@ BROKER_SETTINGS = (
         "Requests/s one inference GPU serves within its latency SLO (needed with a load).",
         "a number > 0 (the requests/s one inference GPU serves within its latency SLO)",
         above=0,
+        default_note="none: required with TIDEFLOW_BROKER_LOAD",
     ),
     Setting(
         "TIDEFLOW_BROKER_NODE_GPUS",
@@ -95,6 +96,7 @@ BROKER_SETTINGS = (
         "seconds > 0",
         above=0,
         blank_is_unset=True,
+        default_note="none",
     ),
     Setting(
         "TIDEFLOW_BROKER_LATENCY_SLO_SHARE",
@@ -105,6 +107,7 @@ BROKER_SETTINGS = (
         above=0,
         below=1,
         blank_is_unset=True,
+        default_note="none",
     ),
     Setting(
         "TIDEFLOW_BROKER_SENSE_S",

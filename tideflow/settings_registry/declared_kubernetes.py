@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tideflow.settings_registry.model import Setting
 
 QUEUE_KINDS = ("volcano", "kueue")
@@ -18,7 +20,7 @@ def _broker(name: str, help_: str, default: str | None = None, note: str = "") -
     return Setting(name, "text", ("broker",), help_, "a name", default=default, default_note=note)
 
 
-KUBERNETES = (
+_DECLARED = (
     Setting(
         "TIDEFLOW_K8S_CONN_ID",
         "text",
@@ -34,6 +36,7 @@ KUBERNETES = (
         "The namespace of gang jobs and of what the broker moves.",
         "a namespace name",
         default="tideflow",
+        nonblank=True,
     ),
     Setting(
         "TIDEFLOW_K8S_IMAGE",
@@ -42,6 +45,7 @@ KUBERNETES = (
         "The image gang workers run, unless a pipeline names its own.",
         "an image reference",
         default="registry.example.com/tideflow:0.1.0",
+        nonblank=True,
     ),
     Setting(
         "TIDEFLOW_K8S_STORE_SECRET",
@@ -133,3 +137,6 @@ KUBERNETES = (
         "TIDEFLOW_K8S_KUEUE_FLAVOR", "The ResourceFlavor whose quota moves (Kueue).", note="none"
     ),
 )
+
+# Read where gang steps (or the broker, ``--backend kubernetes``) act on a cluster.
+KUBERNETES = tuple(replace(s, backends=("kubernetes",)) for s in _DECLARED)

@@ -26,8 +26,8 @@ PLATFORM = (
         "TIDEFLOW_PIPELINES_DIR",
         "path",
         ("cli", "dag", "stack"),
-        "The directory of pipeline files the DAG file builds one DAG per file from.",
-        "a directory of pipeline YAML files",
+        "The pipeline files the DAG file builds one DAG each from (`tideflow run`: one file).",
+        "a directory of pipeline YAML files, or one pipeline file",
         default="pipelines",
     ),
     Setting(
@@ -59,7 +59,7 @@ PLATFORM = (
     Setting(
         "TIDEFLOW_MLFLOW_UI_URL",
         "text",
-        ("operator", "cli"),
+        ("operator",),
         "The MLflow UI's address as a browser reaches it, for run links.",
         "an http:// or https:// URL",
         default_note="MLFLOW_TRACKING_URI when it is http(s)",

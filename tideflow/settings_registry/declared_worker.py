@@ -10,6 +10,7 @@ from tideflow.settings_registry.model import Kind, Setting
 
 
 def _worker(name: str, kind: Kind, help_: str, accepted: str, **kw: object) -> Setting:
+    kw.setdefault("default_note", "set for each worker by its backend")
     return Setting(name, kind, ("worker",), help_, accepted, **kw)  # type: ignore[arg-type]
 
 

@@ -59,6 +59,8 @@ class Setting:
     above: float | None = None  # exclusive lower bound
     below: float | None = None  # exclusive upper bound
     blank_is_unset: bool = False  # an empty value means the same as an unset one
+    nonblank: bool = False  # a name that must be given when set (a uri always must)
+    backends: tuple[str, ...] = BACKENDS  # where it is read (TIDEFLOW_K8S_*: kubernetes)
 
     def default_for(self, backend: str = "local") -> str | None:
         """The text used when the variable is unset, on ``backend``."""
@@ -68,9 +70,13 @@ class Setting:
 
     @property
     def defaults(self) -> dict[str, str]:
-        """Each backend's default as the reference table shows it ("" when none)."""
-        shown = {b: self.default_for(b) or self.default_note for b in BACKENDS}
-        return {b: value or "" for b, value in shown.items()}
+        """Each backend's default as the reference table shows it: the text used when
+        unset, else the note that says what unset means; "(not read)" on a backend
+        that does not read it."""
+        return {
+            b: (self.default_for(b) or self.default_note) if b in self.backends else "(not read)"
+            for b in BACKENDS
+        }
 
     def refuse(self, value: str | None, why: str = "") -> ConfigError:
         return bad_setting(self.name, value, self.accepted, why)
@@ -98,7 +104,7 @@ class Setting:
         refused = (
             (self.kind == "choice" and text not in self.choices)
             or (self.kind == "flag" and text not in FLAG_WORDS)
-            or (self.kind == "uri" and not text.strip())
+            or ((self.kind == "uri" or self.nonblank) and not text.strip())
         )
         if refused:
             raise self.refuse(text)
