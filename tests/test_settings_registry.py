@@ -24,7 +24,6 @@ NAME = re.compile(r"TIDEFLOW_[A-Z0-9_]+")
 # Files that still read TIDEFLOW_* variables themselves (being rewritten elsewhere):
 # their variables are declared; their reads move to the registry's accessors later.
 READS_ALLOWED = {
-    "tideflow/broker/kubernetes.py",
     "tideflow/stack/cluster/build.py",
 }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tideflow.config import bad_setting, env_number
+from tideflow import settings_registry as registry
 from tideflow.scheduling.model import DeviceClass
 
 POOL_LABEL = "tideflow.io/pool"
@@ -35,31 +35,23 @@ class ClusterTarget:
 def target_from_env() -> ClusterTarget:
     """The cluster objects the broker moves, from ``TIDEFLOW_K8S_*`` variables
     (``ConfigError`` naming one it cannot use)."""
-    import os
 
-    env = os.environ.get
-    kind = env("TIDEFLOW_K8S_QUEUE_KIND", "volcano")
-    if kind not in QUEUE_KINDS:
-        raise bad_setting("TIDEFLOW_K8S_QUEUE_KIND", kind, ", ".join(QUEUE_KINDS))
+    def value(name: str) -> str | None:
+        return registry.optional_text(name, backend="kubernetes") or None
+
     return ClusterTarget(
-        namespace=env("TIDEFLOW_K8S_NAMESPACE", "tideflow"),
-        inference_deployment=env("TIDEFLOW_K8S_INFERENCE_DEPLOYMENT", "inference"),
-        gpus_per_replica=int(
-            env_number(
-                "TIDEFLOW_K8S_GPUS_PER_REPLICA",
-                "1",
-                "a whole number >= 1",
-                lambda v: v >= 1,
-                whole=True,
-            )
+        namespace=registry.text("TIDEFLOW_K8S_NAMESPACE", backend="kubernetes"),
+        inference_deployment=registry.text(
+            "TIDEFLOW_K8S_INFERENCE_DEPLOYMENT", backend="kubernetes"
         ),
-        hpa=env("TIDEFLOW_K8S_INFERENCE_HPA") or None,
-        gpu_resource=env("TIDEFLOW_K8S_GPU_RESOURCE", "nvidia.com/gpu"),
-        node_selector=env("TIDEFLOW_K8S_NODE_SELECTOR", "nvidia.com/gpu.present=true"),
-        queue_kind=kind,
-        training_queue=env("TIDEFLOW_K8S_TRAINING_QUEUE", "training"),
-        kueue_flavor=env("TIDEFLOW_K8S_KUEUE_FLAVOR") or None,
-        cluster_file=env("TIDEFLOW_CLUSTER_FILE") or None,
+        gpus_per_replica=registry.whole("TIDEFLOW_K8S_GPUS_PER_REPLICA", backend="kubernetes"),
+        hpa=value("TIDEFLOW_K8S_INFERENCE_HPA"),
+        gpu_resource=registry.text("TIDEFLOW_K8S_GPU_RESOURCE", backend="kubernetes"),
+        node_selector=registry.text("TIDEFLOW_K8S_NODE_SELECTOR", backend="kubernetes"),
+        queue_kind=registry.text("TIDEFLOW_K8S_QUEUE_KIND", backend="kubernetes"),
+        training_queue=registry.text("TIDEFLOW_K8S_TRAINING_QUEUE", backend="kubernetes"),
+        kueue_flavor=value("TIDEFLOW_K8S_KUEUE_FLAVOR"),
+        cluster_file=value("TIDEFLOW_CLUSTER_FILE"),
     )
 
 
