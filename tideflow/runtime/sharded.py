@@ -61,7 +61,6 @@ from torch.distributed.checkpoint.planner import (
     SavePlanner,
     WriteItemType,
 )
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -76,6 +75,7 @@ from tideflow.checkpoint import (
     ShardRecord,
 )
 from tideflow.checkpoint.manifest import MANIFEST_NAME, shard_name_problem, step_prefix
+from tideflow.runtime.staging import Stagers
 
 log = logging.getLogger("tideflow.runtime")
 
@@ -552,15 +552,7 @@ class _Background:
         self.lock = threading.Lock()
         self.groups: dict[int, tuple[Any, dist.ProcessGroup]] = {}
         self.in_flight: ShardedSave | None = None
-        self._stager: DefaultStager | None = None
-
-    @property
-    def stager(self) -> DefaultStager:
-        # One stager for every save: it keeps its CPU copies and copies into
-        # them next time, instead of allocating (and faulting in) fresh memory.
-        if self._stager is None:
-            self._stager = DefaultStager(StagingOptions(False, False, False, False))
-        return self._stager
+        self.stagers = Stagers()
 
 
 _background = _Background()
@@ -615,7 +607,7 @@ def async_save_sharded(
             lambda: dcp_async_save(
                 state_dict,
                 storage_writer=writer,
-                async_stager=_background.stager,
+                async_stager=_background.stagers.next(),
                 process_group=group,
                 no_dist=not _distributed(),
             ),
