@@ -32,18 +32,22 @@ team may not use among them), 143 stopped.
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
 from tideflow.gangs.local import with_team_priority
 from tideflow.gangs.resolved import ResolvedGang
 from tideflow.kube.argo.team_classes import team_classes_inventory
 from tideflow.steps.standalone import GANG_OUTPUTS
+
+if TYPE_CHECKING:
+    from tideflow.kube.volcano import KubeSettings
 
 POLL_S = 5.0
 EXIT_STOPPED = 143
@@ -107,90 +111,99 @@ def drive(
             return status
 
 
-def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
-    from kubernetes import client
-
-    from tideflow.backends.kubernetes import KubernetesBackend
-    from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
-    from tideflow.gangs.resolved import resolve_gang
-    from tideflow.kube.client import connect
-    from tideflow.kube.settings import settings_from_json
-    from tideflow.steps.context import StepContext
-    from tideflow.steps.standalone import (
-        BAD_ARGUMENTS,
-        build_parser,
-        read_step,
-        write_outputs,
-    )
-    from tideflow.storage.roots import StoreRootError, team_roots
+def _parser() -> argparse.ArgumentParser:
+    """The standalone executor's arguments plus the cluster's settings and the gang's owner."""
+    from tideflow.steps.standalone import build_parser
 
     parser = build_parser(("gang_training",), "python -m tideflow.gangs.driver")
     parser.add_argument("--kube-settings", required=True, help="KubeSettings as JSON")
     parser.add_argument("--team-classes", help="the cluster file's classes and the team, as JSON")
     parser.add_argument("--owner-name", help="the Workflow that owns the gang")
     parser.add_argument("--owner-uid", help="its uid")
-    args = parser.parse_args(argv)
-    try:
-        config, params = read_step(args)
-        settings = settings_from_json(args.kube_settings)
-        gang = classed(
-            resolve_gang(
-                pipeline=args.pipeline,
-                team=args.team,
-                run_id=args.run_id,
-                step=args.step,
-                config=config,
-                artifact_root=settings.artifact_root,
-                allowed_roots=team_roots(
-                    settings.artifact_root, settings.checkpoint_roots, args.team
-                ),
-            ),
-            args.team_classes,
-        )
-        job = gang.cluster_job(
-            {
-                # No operator makes this step's MLflow run: rank 0 finds or makes it
-                # under the workflow's pipeline run (tideflow.runtime.metrics).
-                "TIDEFLOW_PIPELINE": args.pipeline,
-                "TIDEFLOW_TEAM": args.team,
-                "TIDEFLOW_RUN_ID": args.run_id,
-                "TIDEFLOW_STEP": args.step,
-            },
-            # The step's context files in the pods, as a data-prep step gets them.
-            context=StepContext(
-                pipeline=args.pipeline,
-                team=args.team,
-                step=args.step,
-                dag_id=args.pipeline,
-                run_id=args.run_id,
-                try_number=args.attempt + 1,
-                artifact_root=settings.artifact_root,
-                params=params,
-            ),
-        )
-    except RefusedClassError as exc:
-        print(f"tideflow: step '{args.step}': {exc}", file=sys.stderr)
-        return 2
-    except (*BAD_ARGUMENTS, StoreRootError) as exc:
-        print(f"tideflow: step '{args.step}': bad arguments: {exc}", file=sys.stderr)
-        return 2
-    owner = None
-    if args.owner_name and args.owner_uid:
-        owner = client.V1OwnerReference(
-            api_version="argoproj.io/v1alpha1",
-            kind="Workflow",
-            name=args.owner_name,
-            uid=args.owner_uid,
-            block_owner_deletion=False,
-        )
-    backend = KubernetesBackend(api_client or connect(), settings, owner=owner)
+    return parser
+
+
+def _resolved(
+    args: argparse.Namespace, config: dict[str, Any], settings: KubeSettings
+) -> ResolvedGang:
+    """The step resolved as the operator resolves it, with the cluster file's class."""
+    from tideflow.gangs.resolved import resolve_gang
+    from tideflow.storage.roots import team_roots
+
+    return classed(
+        resolve_gang(
+            pipeline=args.pipeline,
+            team=args.team,
+            run_id=args.run_id,
+            step=args.step,
+            config=config,
+            artifact_root=settings.artifact_root,
+            allowed_roots=team_roots(settings.artifact_root, settings.checkpoint_roots, args.team),
+        ),
+        args.team_classes,
+    )
+
+
+def _cluster_job(
+    gang: ResolvedGang, args: argparse.Namespace, params: dict[str, Any], settings: KubeSettings
+) -> GangJob:
+    """The gang's job: the step's identity in the workers' env, its context files in the pods."""
+    from tideflow.steps.context import StepContext
+
+    return gang.cluster_job(
+        {
+            # No operator makes this step's MLflow run: rank 0 finds or makes it
+            # under the workflow's pipeline run (tideflow.runtime.metrics).
+            "TIDEFLOW_PIPELINE": args.pipeline,
+            "TIDEFLOW_TEAM": args.team,
+            "TIDEFLOW_RUN_ID": args.run_id,
+            "TIDEFLOW_STEP": args.step,
+        },
+        # The step's context files in the pods, as a data-prep step gets them.
+        context=StepContext(
+            pipeline=args.pipeline,
+            team=args.team,
+            step=args.step,
+            dag_id=args.pipeline,
+            run_id=args.run_id,
+            try_number=args.attempt + 1,
+            artifact_root=settings.artifact_root,
+            params=params,
+        ),
+    )
+
+
+def _owner(args: argparse.Namespace) -> Any:
+    """The Workflow that owns the gang (a ``V1OwnerReference``), or None without one."""
+    from kubernetes import client
+
+    if not (args.owner_name and args.owner_uid):
+        return None
+    return client.V1OwnerReference(
+        api_version="argoproj.io/v1alpha1",
+        kind="Workflow",
+        name=args.owner_name,
+        uid=args.owner_uid,
+        block_owner_deletion=False,
+    )
+
+
+def _follow(backend: Any, job: GangJob) -> GangStatus | None:
+    """Drive the gang to its end, stopping it on SIGTERM or SIGINT (then None)."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        status = drive(backend, job, stop=stop, say=lambda line: print(line, flush=True))
+        return drive(backend, job, stop=stop, say=lambda line: print(line, flush=True))
     except StoppedError:
-        return EXIT_STOPPED
+        return None
+
+
+def _finish(gang: ResolvedGang, status: GangStatus, outputs_dir: Path) -> int:
+    """The exit code of an ended gang; a succeeded one's checkpoint written as outputs."""
+    from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
+    from tideflow.steps.standalone import write_outputs
+
     if status.state is not GangState.SUCCEEDED:
         print(
             f"tideflow: gang {status.state}: {status.message} (restarts: {status.restarts})",
@@ -202,8 +215,34 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
     except NoCheckpointError as exc:
         print(f"tideflow: {exc}", file=sys.stderr)
         return 1
-    write_outputs(Path(args.outputs), outputs, GANG_OUTPUTS)
+    write_outputs(outputs_dir, outputs, GANG_OUTPUTS)
     return 0
+
+
+def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
+    from tideflow.backends.kubernetes import KubernetesBackend
+    from tideflow.kube.client import connect
+    from tideflow.kube.settings import settings_from_json
+    from tideflow.steps.standalone import BAD_ARGUMENTS, read_step
+    from tideflow.storage.roots import StoreRootError
+
+    args = _parser().parse_args(argv)
+    try:
+        config, params = read_step(args)
+        settings = settings_from_json(args.kube_settings)
+        gang = _resolved(args, config, settings)
+        job = _cluster_job(gang, args, params, settings)
+    except RefusedClassError as exc:
+        print(f"tideflow: step '{args.step}': {exc}", file=sys.stderr)
+        return 2
+    except (*BAD_ARGUMENTS, StoreRootError) as exc:
+        print(f"tideflow: step '{args.step}': bad arguments: {exc}", file=sys.stderr)
+        return 2
+    backend = KubernetesBackend(api_client or connect(), settings, owner=_owner(args))
+    status = _follow(backend, job)
+    if status is None:
+        return EXIT_STOPPED
+    return _finish(gang, status, Path(args.outputs))
 
 
 if __name__ == "__main__":

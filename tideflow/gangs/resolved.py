@@ -143,6 +143,43 @@ class ResolvedGang:
         )
 
 
+def _checkpoint_store(
+    checkpoint: Mapping[str, Any],
+    team: str,
+    allowed_roots: Sequence[str],
+    artifact_root: str,
+    prefix: str,
+) -> str:
+    """The gang's checkpoint store: under the step's root (one the team may write to,
+    else ``StoreRootError``) or the artifact root, at the step's ``prefix``."""
+    root = checkpoint.get("store") or None
+    if root:
+        check_root(root, team, allowed_roots)
+    return gang_store(root, artifact_root, prefix)
+
+
+def _workers_env(
+    config: Mapping[str, Any], checkpoint: Mapping[str, Any], store: str, gang_id: str
+) -> dict[str, str]:
+    """The workers' environment: the step's (sorted), the checkpoint policy's, the gang's id,
+    and the hang timeout unless the step turned it off."""
+    env = {
+        **{str(k): str(v) for k, v in sorted((config.get("env") or {}).items())},
+        **checkpoint_env(checkpoint, store),
+        "TIDEFLOW_GANG_ID": gang_id,
+    }
+    hang = config.get("hang_timeout", DEFAULT_HANG_TIMEOUT_S)
+    if hang not in (None, ""):
+        env[HANG_TIMEOUT_ENV] = str(int(hang))
+    return env
+
+
+def _elastic_minimum(minimum: Any, workers: int) -> int | None:
+    """The gang's minimum size; elastic only when the minimum is below the size (equal
+    means rigid, and so does no minimum)."""
+    return int(minimum) if minimum not in (None, "") and int(minimum) < workers else None
+
+
 def resolve_gang(
     *,
     pipeline: str,
@@ -163,21 +200,12 @@ def resolve_gang(
     team may write to (checked at validation too, unless it was a template).
     """
     checkpoint = config.get("checkpoint") or {"keep_last": 3}
-    root = checkpoint.get("store") or None
-    if root:
-        check_root(root, team, allowed_roots)
-    store = gang_store(root, artifact_root, run_prefix(pipeline, run_id, step))
+    store = _checkpoint_store(
+        checkpoint, team, allowed_roots, artifact_root, run_prefix(pipeline, run_id, step)
+    )
     gang_id = gang_id_for(pipeline, run_id, step)
-    env = {
-        **{str(k): str(v) for k, v in sorted((config.get("env") or {}).items())},
-        **checkpoint_env(checkpoint, store),
-        "TIDEFLOW_GANG_ID": gang_id,
-    }
-    hang = config.get("hang_timeout", DEFAULT_HANG_TIMEOUT_S)
-    if hang not in (None, ""):
-        env[HANG_TIMEOUT_ENV] = str(int(hang))
+    env = _workers_env(config, checkpoint, store, gang_id)
     workers = int(config["workers"])
-    minimum = config.get("min_workers")
     entrypoint = config["entrypoint"]
     device = config.get("device") or {"class": "cpu", "model": None}
     resources = config.get("resources") or {}
@@ -199,10 +227,7 @@ def resolve_gang(
         priority=int(config.get("priority", 0)),
         priority_class=config.get("priority_class") or None,
         preemptible=bool(config.get("preemptible", True)),
-        # elastic only when the minimum is below the size; equal means rigid
-        min_workers=(
-            int(minimum) if minimum not in (None, "") and int(minimum) < workers else None
-        ),
+        min_workers=_elastic_minimum(config.get("min_workers"), workers),
         args=dict(config.get("args") or {}),
         checkpoint_optional=bool(checkpoint.get("optional", False)),
         image=config.get("image") or None,

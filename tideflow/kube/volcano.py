@@ -167,17 +167,8 @@ def gang_labels(shape: GangShape, gang_id: str) -> dict[str, str]:
     }
 
 
-def gang_pod_spec(
-    shape: GangShape,
-    settings: KubeSettings,
-    *,
-    master_addr: str,
-    index: WorkerIndex,
-    run_id: str,
-) -> dict[str, Any]:
-    """One worker's pod: its devices, CPU and memory, torchrun's environment (the rank
-    from ``index``), the step's context files, restricted security, grace to checkpoint."""
-    files_env, files_volume = _step_files(shape)
+def _worker_resources(shape: GangShape) -> dict[str, dict[str, str]]:
+    """A worker's requests and limits: its devices (a cpu gang's are its cores), CPU, memory."""
     resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
     resource = DEVICE_RESOURCES.get(shape.device_class)
     if resource:
@@ -191,7 +182,20 @@ def gang_pod_spec(
         # A CPU limit would throttle; memory is limited so one worker cannot starve a node.
         resources["requests"]["memory"] = shape.memory
         resources["limits"]["memory"] = shape.memory
-    env = [
+    return resources
+
+
+def _worker_env(
+    shape: GangShape,
+    settings: KubeSettings,
+    files_env: list[dict[str, str]],
+    *,
+    master_addr: str,
+    index: WorkerIndex,
+    run_id: str,
+) -> list[dict[str, str]]:
+    """torchrun's environment, the device class, the step files', the store's, the step's."""
+    return [
         *torchrun_env(
             index=index,
             workers=shape.workers,
@@ -206,21 +210,45 @@ def gang_pod_spec(
         *(variable for variable in store_env(settings) if variable["name"] not in shape.env),
         *({"name": k, "value": v} for k, v in shape.env.items()),
     ]
+
+
+def _worker_container(
+    shape: GangShape, settings: KubeSettings, env: list[dict[str, str]], *, mounts_files: bool
+) -> dict[str, Any]:
+    """The ``worker`` container: image, command, env, resources, rendezvous port, mounts."""
     container: dict[str, Any] = {
         "name": "worker",
         "image": shape.image or settings.image,
         "command": list(shape.command),
         "env": env,
-        "resources": resources,
+        "resources": _worker_resources(shape),
         "securityContext": restricted(),
         "ports": [{"name": "rendezvous", "containerPort": settings.master_port}],
     }
     if settings.store_secret:
         container["envFrom"] = [{"secretRef": {"name": settings.store_secret}}]
-    if files_volume is not None:
+    if mounts_files:
         container["volumeMounts"] = [
             {"name": STEP_FILES_VOLUME, "mountPath": STEP_FILES_DIR, "readOnly": True}
         ]
+    return container
+
+
+def gang_pod_spec(
+    shape: GangShape,
+    settings: KubeSettings,
+    *,
+    master_addr: str,
+    index: WorkerIndex,
+    run_id: str,
+) -> dict[str, Any]:
+    """One worker's pod: its devices, CPU and memory, torchrun's environment (the rank
+    from ``index``), the step's context files, restricted security, grace to checkpoint."""
+    files_env, files_volume = _step_files(shape)
+    env = _worker_env(
+        shape, settings, files_env, master_addr=master_addr, index=index, run_id=run_id
+    )
+    container = _worker_container(shape, settings, env, mounts_files=files_volume is not None)
     pod_spec: dict[str, Any] = {
         "serviceAccountName": settings.gang_service_account,
         "automountServiceAccountToken": False,  # workers never call the Kubernetes API
