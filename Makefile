@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 .DEFAULT_GOAL := help
 
-.PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast lint fmt schema constraints bench docs clean
+.PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast test-torch-low lint fmt schema constraints bench docs clean
 
 help: ## Show the available targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,6 +40,9 @@ test: bootstrap ## Run every test (starts real servers for the `slow` ones)
 
 test-fast: bootstrap ## Run the tests that start no servers
 	$(PY) -m pytest -m "not slow and not cluster"
+
+test-torch-low: bootstrap ## Run the runtime tests with the lowest torch the platform extra accepts (2.11; a second venv)
+	deploy/local/torch-range.sh
 
 lint: bootstrap ## ruff, mypy (strict on the core; operators, plugins, DAG files too) and the import contracts
 	$(VENV)/bin/ruff check .
