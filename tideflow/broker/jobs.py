@@ -55,12 +55,8 @@ def synthetic_jobs(
     rng = random.Random(seed)
     elastic_rng = random.Random(f"elastic-{seed}")
     short_rng = random.Random(f"short-{seed}")
-    mean_gpus = sum(s * w for s, w in zip(sizes, weights, strict=True)) / sum(weights)
-    mean_hours = sum(hours) / 2
-    mean_gpu_hours = (1 - short_fraction) * mean_gpus * mean_hours + short_fraction * (
-        short_gpus * sum(short_hours) / 2
-    )
-    per_hour = offered_fraction * total_gpus / mean_gpu_hours
+    short_jobs = (short_fraction, short_gpus, short_hours)
+    per_hour = offered_fraction * total_gpus / _mean_gpu_hours(sizes, weights, hours, short_jobs)
     jobs: list[JobSpec] = []
     now, index = 0.0, 0
     until = horizon_s * submit_until_fraction
@@ -86,6 +82,22 @@ def synthetic_jobs(
             )
         )
         index += 1
+
+
+def _mean_gpu_hours(
+    sizes: tuple[int, ...],
+    weights: tuple[float, ...],
+    hours: tuple[float, float],
+    short_jobs: tuple[float, int, tuple[float, float]],
+) -> float:
+    """The GPU-hours an arrival offers on average; ``short_jobs`` is the short jobs'
+    (share of the arrivals, GPUs, hours range)."""
+    short_fraction, short_gpus, short_hours = short_jobs
+    mean_gpus = sum(s * w for s, w in zip(sizes, weights, strict=True)) / sum(weights)
+    mean_hours = sum(hours) / 2
+    return (1 - short_fraction) * mean_gpus * mean_hours + short_fraction * (
+        short_gpus * sum(short_hours) / 2
+    )
 
 
 def load_jobs(path: Path | str) -> list[JobSpec]:

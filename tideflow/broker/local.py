@@ -243,19 +243,7 @@ class LocalActuator:
         # A local gang cannot drop workers while it runs: an elastic one that is to
         # shrink is stopped after a checkpoint like the others, and its operator asks
         # the ledger again, which grants what is left (down to its minimum).
-        victims = [r.gang_id for r in decision.reclaims]
-        for gang_id in victims:
-            # Recorded in the ledger first, so that the gang's stop is journaled and
-            # accounted as a preemption whoever frees its lease (its supervisor or us).
-            self.ledger.evict(
-                gang_id,
-                INFERENCE_PREFIX.rstrip("/"),
-                f"reclaimed by the broker for inference ({decision.reason})",
-                self.grace_s,
-                signalled=self.backend is not None,
-            )
-            if self.backend is not None:
-                self.backend.preempt(gang_id)  # checkpoint, then exit resumable
+        victims = self._ask_to_stop(decision)
         deadline = started + self.grace_s
         waiting = list(victims)
         forced: list[str] = []
@@ -289,6 +277,24 @@ class LocalActuator:
             f"grew {now - current} of {target - current}"
             + (f"; forced {', '.join(forced)} after {self.grace_s:.0f} s" if forced else ""),
         )
+
+    def _ask_to_stop(self, decision: Decision) -> list[str]:
+        """The gangs the decision reclaims, each evicted in the ledger and asked to
+        checkpoint and stop."""
+        victims = [r.gang_id for r in decision.reclaims]
+        for gang_id in victims:
+            # Recorded in the ledger first, so that the gang's stop is journaled and
+            # accounted as a preemption whoever frees its lease (its supervisor or us).
+            self.ledger.evict(
+                gang_id,
+                INFERENCE_PREFIX.rstrip("/"),
+                f"reclaimed by the broker for inference ({decision.reason})",
+                self.grace_s,
+                signalled=self.backend is not None,
+            )
+            if self.backend is not None:
+                self.backend.preempt(gang_id)  # checkpoint, then exit resumable
+        return victims
 
     # -- inference as a team of the cluster file --------------------------------------------
     def _lend_down_to(self, target: int) -> None:
