@@ -159,14 +159,14 @@ def test_the_service_learns_from_its_journal_and_says_so(tmp_path: Path) -> None
                 "TIDEFLOW_BROKER_LATENCY": "prometheus:http://p|q",
                 "TIDEFLOW_BROKER_LATENCY_SLO_S": "-1",
             },
-            "TIDEFLOW_BROKER_LATENCY_SLO_S='-1' must be seconds > 0",
+            "TIDEFLOW_BROKER_LATENCY_SLO_S='-1': accepted: seconds > 0",
         ),
         (
             {
                 "TIDEFLOW_BROKER_LATENCY": "prometheus:http://p|q",
                 "TIDEFLOW_BROKER_LATENCY_SLO_SHARE": "5",
             },
-            r"TIDEFLOW_BROKER_LATENCY_SLO_SHARE='5' must be a share within \(0, 1\)",
+            r"TIDEFLOW_BROKER_LATENCY_SLO_SHARE='5': accepted: a share within \(0, 1\)",
         ),
         ({"TIDEFLOW_BROKER_LATENCY_SLO_S": "0.5"}, "set without TIDEFLOW_BROKER_LATENCY"),
         (

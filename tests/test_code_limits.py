@@ -84,3 +84,9 @@ def test_the_measure_finds_long_modules_and_functions(tmp_path: Path) -> None:
         "pkg/long.py": MODULE_LINES + 1,
         "pkg/long.py:long": FUNCTION_LINES + 1,
     }
+
+
+def test_the_gang_broker_scheduling_and_kube_packages_have_no_exemption() -> None:
+    kept_within = ("tideflow/gangs/", "tideflow/broker/", "tideflow/scheduling/", "tideflow/kube/")
+    exempted = sorted(item for item in exemptions() if item.startswith(kept_within))
+    assert not exempted, exempted
