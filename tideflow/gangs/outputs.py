@@ -25,7 +25,7 @@ def no_checkpoint_message(gang: ResolvedGang) -> str:
         f"{gang.store}. The training script must save through tideflow: "
         "`ckpt = tideflow.checkpoints(model=model, optimizer=optimizer)`, "
         "`ckpt.save(step, metrics={...})` in the loop and `ckpt.finish(step)` at the end "
-        "(README, 'Bring your own training script'). A step whose script keeps its "
+        "(docs/how-to/own-script.md). A step whose script keeps its "
         "model elsewhere declares `checkpoint: {optional: true}`."
     )
 

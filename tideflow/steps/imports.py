@@ -146,8 +146,8 @@ def import_issues(spec: PipelineSpec, file: str, positions: Positions) -> list[S
                     field,
                     f"'{value}' cannot be called as {'an' if role == 'evaluation' else 'a'} "
                     f"{role}: {errors[field]}",
-                    "function(ctx, **arguments) taking the arguments README's 'Evaluation "
-                    "and promotion' table lists (tideflow.steps.contracts) and the step's args",
+                    "function(ctx, **arguments) taking the arguments of tideflow.steps.contracts "
+                    "(docs/how-to/evaluate-and-promote.md) and the step's args",
                 )
             )
     if package is not None and package in errors:
