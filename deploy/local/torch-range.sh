@@ -15,8 +15,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   # after its own site-packages: .venv's packages, then this checkout (tideflow)
   echo "$(site .venv/bin/python)" > "$(site "$VENV/bin/python")/zz_tideflow_venv.pth"
   echo "$PWD" > "$(site "$VENV/bin/python")/zz_tideflow_checkout.pth"
-  ln -sf "$PWD/.venv/bin/weed" "$VENV/bin/weed"
 fi
+# the servers the tests start (S3, MLflow) are found next to the interpreter
+for server in weed mlflow; do ln -sf "$PWD/.venv/bin/$server" "$VENV/bin/$server"; done
 "$VENV/bin/python" -c 'import torch, tideflow; print("torch", torch.__version__, "tideflow", tideflow.__version__)'
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q \
   tests/test_runtime.py tests/test_runtime_distributed.py tests/test_checkpoints_api.py \
