@@ -211,7 +211,6 @@ def test_an_undeclared_name_is_a_programming_error() -> None:
 
 def test_the_kubernetes_defaults_are_kube_settings_own() -> None:
     """Unset, every TIDEFLOW_K8S_* reads as ``KubeSettings``' default (one source)."""
-    from tideflow.kube.settings import kube_settings_from_env
-    from tideflow.kube.volcano import KubeSettings
+    from tideflow.kube.settings import KubeSettings, kube_settings_from_env
 
     assert kube_settings_from_env({}) == KubeSettings()

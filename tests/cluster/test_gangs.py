@@ -22,7 +22,7 @@ from tideflow.backends.kubernetes import KubernetesBackend, follow
 from tideflow.backends.protocol import GangJob, GangState, GangStatus, WorkerSlot
 from tideflow.compile.kueue_queues import kueue_objects
 from tideflow.inventory import ClusterSpec
-from tideflow.kube.volcano import KubeSettings
+from tideflow.kube.settings import KubeSettings
 from tideflow.spec.loader import load_model
 from tideflow.stack.cluster.kubeapi import Kube
 from tideflow.stack.cluster.nodes import cluster_nodes

@@ -24,7 +24,7 @@ from hera.workflows import models as m
 from tideflow.inventory import Inventory
 from tideflow.kube.argo import compile_workflow
 from tideflow.kube.argo.plan import OUTPUTS_DIR, StepTemplate, WorkflowPlan
-from tideflow.kube.volcano import KubeSettings
+from tideflow.kube.settings import KubeSettings
 from tideflow.spec.loader import display_path, load_pipeline
 from tideflow.spec.yamlpos import load_yaml
 

@@ -30,7 +30,8 @@ from tideflow.backends.protocol import GangJob, GangState, GangStatus
 from tideflow.kube import volcano_lineage
 from tideflow.kube.jobset import gang_jobset
 from tideflow.kube.names import dns_label, gang_object_name
-from tideflow.kube.volcano import RESTARTS_USED, GangShape, KubeSettings, gang_volcano_job
+from tideflow.kube.settings import KubeSettings
+from tideflow.kube.volcano import RESTARTS_USED, GangShape, gang_volcano_job
 
 VOLCANO_PHASES = {
     "Pending": GangState.PENDING,

@@ -47,7 +47,7 @@ from tideflow.kube.argo.team_classes import team_classes_inventory
 from tideflow.steps.standalone import GANG_OUTPUTS
 
 if TYPE_CHECKING:
-    from tideflow.kube.volcano import KubeSettings
+    from tideflow.kube.settings import KubeSettings
 
 POLL_S = 5.0
 EXIT_STOPPED = 143

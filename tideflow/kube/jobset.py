@@ -34,11 +34,11 @@ from typing import Any
 from tideflow.compile.team_queues import priority_class_name
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import MLFLOW_CLIENT_LABELS
+from tideflow.kube.settings import KubeSettings
 from tideflow.kube.torchrun import JOBSET
 from tideflow.kube.volcano import (
     EXIT_UNHEALTHY,
     GangShape,
-    KubeSettings,
     gang_labels,
     gang_pod_spec,
     step_file_annotations,

@@ -27,7 +27,7 @@ from tideflow.scheduling.preference import SPARE_PRIORITY
 if TYPE_CHECKING:  # volcano builds on this module, not the reverse
     from tideflow.compile.dag_plan import TaskPlan
     from tideflow.inventory import Inventory
-    from tideflow.kube.volcano import KubeSettings
+    from tideflow.kube.settings import KubeSettings
 
 # What an Airflow task pod of a step asks for when the step itself names nothing.
 TASK_CPU, TASK_MEMORY = "500m", "1Gi"

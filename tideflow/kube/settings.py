@@ -11,12 +11,51 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 
 from tideflow import settings_registry as registry
-from tideflow.compile.gpu_products import gpu_products
+from tideflow.compile.gpu_products import GPU_PRODUCTS, gpu_products
 from tideflow.config import ConfigError
-from tideflow.kube.volcano import KubeSettings
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    namespace: str = "tideflow"
+    image: str = "registry.example.com/tideflow:0.1.0"
+    store_secret: str = "tideflow-store"  # S3 credentials (or use IRSA: leave it empty)
+    mlflow_tracking_uri: str = "http://mlflow.tideflow:5000"
+    artifact_root: str = "s3://tideflow/artifacts"
+    # Store roots besides artifact_root that teams' checkpoints may go under, as
+    # TIDEFLOW_CHECKPOINT_ROOTS declares them (tideflow.storage.roots).
+    checkpoint_roots: str = ""
+    termination_grace_s: int = 300
+    gang_scheduler: str = "volcano"  # or "kueue": a JobSet admitted by Kueue
+    # A pipeline names a device model briefly ("H100"); nodes carry the full product
+    # name GPU feature discovery gives them. A model not listed is used as written.
+    model_labels: tuple[tuple[str, str], ...] = GPU_PRODUCTS
+    master_port: int = 29500
+    # ServiceAccounts (deploy/kubernetes/gangs.yaml, argo-rbac.yaml). Gang workers and
+    # Argo's step containers never call the Kubernetes API and mount no token; Argo's
+    # executor reports outputs with a token of its own.
+    gang_service_account: str = "tideflow-gang"
+    argo_service_account: str = "tideflow-argo-workflow"
+    argo_executor_service_account: str = "tideflow-argo-executor"
+    # An Argo gang step's driver (tideflow.gangs.driver) creates, follows and deletes
+    # its gang object, with this account's token.
+    argo_gang_driver_service_account: str = "tideflow-argo-gang-driver"
+    priority_classes: tuple[tuple[int, str], ...] = (
+        (1, "tideflow-training-high"),
+        (0, "tideflow-training"),
+        (-(10**9), "tideflow-spare"),
+    )
+
+    def priority_class(self, priority: int) -> str:
+        return next(name for floor, name in self.priority_classes if priority >= floor)
+
+    def model_label(self, model: str) -> str:
+        """The node label value of a device model named in a pipeline."""
+        return dict(self.model_labels).get(model, model)
+
 
 SCHEDULERS = registry.declared("TIDEFLOW_K8S_GANG_SCHEDULER").choices
 # A ServiceAccount's name: a DNS-1123 subdomain (lowercase alphanumerics, '-', '.').

@@ -22,7 +22,7 @@ from tideflow.kube.argo.plan import StepTemplate, WorkflowPlan
 from tideflow.kube.argo.promotion_step import promotion_step
 from tideflow.kube.argo.schedule import argo_schedule
 from tideflow.kube.names import dns_label
-from tideflow.kube.volcano import KubeSettings
+from tideflow.kube.settings import KubeSettings
 from tideflow.spec.errors import SpecError
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.yamlpos import Positions

@@ -10,7 +10,7 @@ from tideflow.compile.dag_plan import DagPlan, TaskPlan, compile_dag_plan
 from tideflow.inventory import Inventory
 from tideflow.kube.argo.parameters import ARGO_NAME
 from tideflow.kube.names import dns_label
-from tideflow.kube.volcano import KubeSettings
+from tideflow.kube.settings import KubeSettings
 from tideflow.spec.errors import SpecIssue
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.yamlpos import Path, Positions, format_path

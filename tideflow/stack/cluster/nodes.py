@@ -11,7 +11,7 @@ from typing import Any
 
 from tideflow.compile.team_queues import DEVICE_RESOURCES, MODEL_LABELS, POOL_LABEL
 from tideflow.inventory import ClusterSpec, NodeGroup
-from tideflow.kube.volcano import KubeSettings
+from tideflow.kube.settings import KubeSettings
 
 # kwok manages the nodes that carry this label (its --manage-nodes-with-label-selector).
 KWOK_LABEL = ("type", "kwok")
