@@ -20,7 +20,8 @@ from research.broker.hindsight import hindsight_bounds
 from tideflow.broker.backlog import Backlog
 from tideflow.broker.forecast import Forecast
 from tideflow.broker.load import LoadSample, LoadSource
-from tideflow.broker.simulate import Plan, TidalPlanner, Window
+from tideflow.broker.simulate import TidalPlanner
+from tideflow.broker.simulation import Plan, Window
 
 # Not policies: what a forecast could reach (``oracle-hindsight``: a richer forecast
 # fitted to the trace it is scored on; ``-cross``: to the other half of the trace).

@@ -29,13 +29,12 @@ from tideflow.broker.jobs import JobSpec
 from tideflow.broker.load import LoadSample, LoadSource
 from tideflow.broker.simulate import (
     Planner,
-    SimulationConfig,
-    SimulationResult,
     TidalPlanner,
     planner_for,
     replay,
     trace_samples,
 )
+from tideflow.broker.simulation import SimulationConfig, SimulationResult
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import pytest
 from research.broker.bounds import MECHANICS
 from research.broker.simulate import ResearchConfig, simulate
 from tideflow.broker import SyntheticLoad, synthetic_jobs
-from tideflow.broker.simulate import SimulationResult
+from tideflow.broker.simulation import SimulationResult
 
 pytestmark = pytest.mark.research
 

@@ -26,7 +26,8 @@ from tideflow.broker.policy import (
     decide,
     gpus_for,
 )
-from tideflow.broker.simulate import SimulationConfig, SimulationResult, simulate
+from tideflow.broker.simulate import simulate
+from tideflow.broker.simulation import SimulationConfig, SimulationResult
 
 __all__ = [
     "Action",

@@ -25,7 +25,7 @@ from tideflow.broker.jobs import JobSpec
 from tideflow.broker.policy import Decision, GangView, Snapshot
 
 if TYPE_CHECKING:
-    from tideflow.broker.simulate import Plan, SimulationConfig, Window
+    from tideflow.broker.simulation import Plan, SimulationConfig, Window
 
 
 class Placement(Protocol):

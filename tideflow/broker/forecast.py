@@ -27,6 +27,7 @@ from tideflow.broker.load import LoadSample
 
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
+HISTORY_S = WEEK_S + DAY_S  # the load history a forecast reads: a week and a day
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 from tideflow.broker.actuator import Actuator, TenantActuator
 from tideflow.broker.calibrate import LostWorkBudget, SloCalibration, scaled
-from tideflow.broker.forecast import LoadForecaster, clean_outages
+from tideflow.broker.forecast import HISTORY_S, LoadForecaster, clean_outages
 from tideflow.broker.journal import DecisionJournal, JournalEntry
 from tideflow.broker.load import LoadSource, ServedWindow
 from tideflow.broker.load import LoadSourceError as LoadSourceError  # noqa: PLC0414 (callers)
@@ -74,7 +74,6 @@ __all__ = [
 ]
 
 BROKER_DAG_ID = "tideflow_broker"  # the Airflow DAG that runs the broker
-HISTORY_S = 8 * 86400.0
 CALIBRATION_S = 7 * 86400.0  # outcomes the SLO calibration replays
 LEARNING_S = 7 * 86400.0  # served windows the per-GPU throughput is learned from
 BUDGET_S = 7 * 86400.0  # the past span whose lost and trained GPU-time the budget weighs
