@@ -145,9 +145,7 @@ class Scheduling(SpecModel):
 Devices = Callable[[str, str | None], int]  # (device class, model or None) -> devices declared
 
 
-def team_issues(  # noqa: PLR0915 (one pass over the file, each rule a few lines)
-    data: Any, file: str, positions: Positions, devices: Devices
-) -> list[SpecIssue]:
+def team_issues(data: Any, file: str, positions: Positions, devices: Devices) -> list[SpecIssue]:
     """Cross-field problems of a cluster file's teams, each at its line."""
     if not isinstance(data, dict):
         return []
@@ -159,59 +157,83 @@ def team_issues(  # noqa: PLR0915 (one pass over the file, each rule a few lines
 
     classes = _names(data.get("priority_classes"), "priority_classes", add)
     teams = _names(data.get("teams"), "teams", add)
-    class_list = ", ".join(sorted(classes)) or "none declared"
-    team_list = ", ".join(sorted(teams)) or "none declared"
     if data.get("borrowing") and not teams:
         add(("borrowing",), "borrowing rules without teams", "declare the teams first")
-
-    sums: dict[tuple[str, str | None], list[tuple[Path, int]]] = defaultdict(list)
-    path: Path
+    sums: _QuotaSums = defaultdict(list)
     for t, team in _dicts(data.get("teams")):
-        allowed = team.get("priority_classes")
-        names = allowed if isinstance(allowed, list) else []
-        for c, name in enumerate(names):
-            if isinstance(name, str) and name not in classes:
-                add(
-                    ("teams", t, "priority_classes", c),
-                    f"unknown priority class '{name}'",
-                    f"one of {class_list}",
-                )
-        default = team.get("default_priority_class")
-        if isinstance(default, str):
-            if default not in classes:
-                add(
-                    ("teams", t, "default_priority_class"),
-                    f"unknown priority class '{default}'",
-                    f"one of {class_list}",
-                )
-            elif isinstance(allowed, list) and default not in allowed:
-                add(
-                    ("teams", t, "default_priority_class"),
-                    f"'{default}' is not among the team's priority_classes",
-                    f"one of {', '.join(map(str, allowed))}",
-                )
-        seen: set[tuple[Any, Any]] = set()
-        for q, quota in _dicts(team.get("quota")):
-            key = (quota.get("device"), quota.get("model"))
-            path = ("teams", t, "quota", q)
-            if key in seen:
-                add(path, f"a second quota for {_label(key)}", "one quota per device and model")
-            seen.add(key)
-            nominal = quota.get("nominal")
-            lending = quota.get("lending_limit")
-            if isinstance(nominal, int) and isinstance(lending, int) and lending > nominal:
-                add(
-                    (*path, "lending_limit"),
-                    f"lending_limit {lending} is above nominal {nominal}",
-                    f"at most {nominal}: a team lends only its own quota",
-                )
-            if isinstance(key[0], str) and isinstance(nominal, int) and _is_int(nominal):
-                sums[(key[0], key[1] if isinstance(key[1], str) else None)].append(
-                    ((*path, "nominal"), nominal)
-                )
-    # Per model, and per device class over every model's and the class-wide quotas:
-    # a class-wide quota is drawn from the same devices as the per-model ones.
-    by_class: dict[tuple[str, str | None], list[tuple[Path, int]]] = defaultdict(list)
+        _team_class_issues(team, t, classes, add)
+        _team_quota_issues(team, t, sums, add)
+    _quota_sum_issues(sums, devices, add)
+    _borrowing_issues(data.get("borrowing"), teams, classes, add)
+    return issues
+
+
+Add = Callable[[Path, str, str], None]
+# Nominal quotas by (device class, model or None), with where each is written.
+_QuotaSums = defaultdict[tuple[str, str | None], list[tuple[Path, int]]]
+
+
+def _one_of(names: set[str]) -> str:
+    return f"one of {', '.join(sorted(names)) or 'none declared'}"
+
+
+def _team_class_issues(team: dict[str, Any], t: int, classes: set[str], add: Add) -> None:
+    """A team's priority classes are declared ones, its default among them."""
+    allowed = team.get("priority_classes")
+    names = allowed if isinstance(allowed, list) else []
+    for c, name in enumerate(names):
+        if isinstance(name, str) and name not in classes:
+            add(
+                ("teams", t, "priority_classes", c),
+                f"unknown priority class '{name}'",
+                _one_of(classes),
+            )
+    default = team.get("default_priority_class")
+    if not isinstance(default, str):
+        return
+    if default not in classes:
+        add(
+            ("teams", t, "default_priority_class"),
+            f"unknown priority class '{default}'",
+            _one_of(classes),
+        )
+    elif isinstance(allowed, list) and default not in allowed:
+        add(
+            ("teams", t, "default_priority_class"),
+            f"'{default}' is not among the team's priority_classes",
+            f"one of {', '.join(map(str, allowed))}",
+        )
+
+
+def _team_quota_issues(team: dict[str, Any], t: int, sums: _QuotaSums, add: Add) -> None:
+    """One quota per device and model, lending only what is the team's; nominal quotas
+    are gathered into ``sums`` for the check against the nodes."""
+    seen: set[tuple[Any, Any]] = set()
+    for q, quota in _dicts(team.get("quota")):
+        key = (quota.get("device"), quota.get("model"))
+        path: Path = ("teams", t, "quota", q)
+        if key in seen:
+            add(path, f"a second quota for {_label(key)}", "one quota per device and model")
+        seen.add(key)
+        nominal = quota.get("nominal")
+        lending = quota.get("lending_limit")
+        if isinstance(nominal, int) and isinstance(lending, int) and lending > nominal:
+            add(
+                (*path, "lending_limit"),
+                f"lending_limit {lending} is above nominal {nominal}",
+                f"at most {nominal}: a team lends only its own quota",
+            )
+        if isinstance(key[0], str) and isinstance(nominal, int) and _is_int(nominal):
+            sums[(key[0], key[1] if isinstance(key[1], str) else None)].append(
+                ((*path, "nominal"), nominal)
+            )
+
+
+def _quota_sum_issues(sums: _QuotaSums, devices: Devices, add: Add) -> None:
+    """Nominal quotas fit the nodes, per model, and per device class over every model's
+    and the class-wide quotas: a class-wide quota is drawn from the same devices as the
+    per-model ones."""
+    by_class: _QuotaSums = defaultdict(list)
     for (device, model), entries in sums.items():
         if model is not None:
             by_class[(device, None)].extend(entries)
@@ -221,22 +243,25 @@ def team_issues(  # noqa: PLR0915 (one pass over the file, each rule a few lines
     for (device, model), entries in sorted(checks.items(), key=lambda kv: str(kv[0])):
         have = devices(device, model)
         total = sum(n for _, n in entries)
-        if total > have:
-            label = _label((device, model))
-            for path, _ in entries:
-                add(
-                    path,
-                    f"the teams' nominal {label} quotas sum to {total}, but the "
-                    f"nodes declare {have}",
-                    f"nominal quotas of {label} summing to at most {have}",
-                )
+        if total <= have:
+            continue
+        label = _label((device, model))
+        for path, _ in entries:
+            add(
+                path,
+                f"the teams' nominal {label} quotas sum to {total}, but the nodes declare {have}",
+                f"nominal quotas of {label} summing to at most {have}",
+            )
 
+
+def _borrowing_issues(rules: Any, teams: set[str], classes: set[str], add: Add) -> None:
+    """Borrowing names declared teams and classes, and lending runs one way."""
     edges: dict[str, set[str]] = defaultdict(set)
-    for r, rule in _dicts(data.get("borrowing")):
+    for r, rule in _dicts(rules):
         lender, borrower = rule.get("lender"), rule.get("borrower")
         for field, name in (("lender", lender), ("borrower", borrower)):
             if isinstance(name, str) and name not in teams:
-                add(("borrowing", r, field), f"unknown team '{name}'", f"one of {team_list}")
+                add(("borrowing", r, field), f"unknown team '{name}'", _one_of(teams))
         if isinstance(lender, str) and lender == borrower:
             add(
                 ("borrowing", r, "borrower"),
@@ -250,9 +275,9 @@ def team_issues(  # noqa: PLR0915 (one pass over the file, each rule a few lines
             add(
                 ("borrowing", r, "min_priority_class"),
                 f"unknown priority class '{threshold}'",
-                f"one of {class_list}",
+                _one_of(classes),
             )
-    for r, rule in _dicts(data.get("borrowing")):
+    for r, rule in _dicts(rules):
         lender, borrower = rule.get("lender"), rule.get("borrower")
         if isinstance(lender, str) and isinstance(borrower, str) and lender != borrower:
             cycle = _path(edges, borrower, lender)
@@ -263,7 +288,6 @@ def team_issues(  # noqa: PLR0915 (one pass over the file, each rule a few lines
                     "lending that runs one way: in a cycle two teams "
                     "reclaim from each other in turn, each preemption undoing the last",
                 )
-    return issues
 
 
 def _names(items: Any, section: str, add: Callable[[Path, str, str], None]) -> set[str]:
