@@ -446,19 +446,3 @@ def test_deploy_queue_files_are_the_compiled_example(engine: str) -> None:
     if os.environ.get("TIDEFLOW_UPDATE_GOLDEN") == "1":
         golden.write_text(compiled)
     assert golden.read_text() == compiled, "regenerate with TIDEFLOW_UPDATE_GOLDEN=1 and review"
-
-
-def test_the_compilers_names_are_the_kubernetes_layers() -> None:
-    """compile sits below kube in the layers, so it repeats these names."""
-    from tideflow.compile import team_queues
-    from tideflow.kube import KubeSettings
-    from tideflow.kube.pods import DEVICE_RESOURCES, POOL_LABEL
-    from tideflow.kube.volcano import MODEL_LABELS
-
-    assert {k: v for k, v in team_queues.DEVICE_RESOURCES.items() if k != "cpu"} == DEVICE_RESOURCES
-    assert team_queues.POOL_LABEL == POOL_LABEL
-    assert team_queues.MODEL_LABELS == MODEL_LABELS
-    assert KubeSettings().namespace == team_queues.NAMESPACE
-    from tideflow.broker.kubernetes import ClusterTarget
-
-    assert ClusterTarget().training_queue == team_queues.TRAINING_QUEUE

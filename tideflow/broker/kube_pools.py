@@ -10,8 +10,9 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
-from tideflow.broker.kube_target import POOL_LABEL, TAINT_KEY, ClusterTarget
+from tideflow.broker.kube_target import TAINT_KEY, ClusterTarget
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
+from tideflow.compile.cluster_names import POOL_LABEL
 from tideflow.kube.client import MERGE
 from tideflow.kube.volcano import GANG_LABEL
 

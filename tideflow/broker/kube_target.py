@@ -3,28 +3,38 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from tideflow import settings_registry as registry
+from tideflow.compile.cluster_names import (
+    BROKER_POOL,
+    DEVICE_RESOURCES,
+    NAMESPACE,
+    POOL_TAINT,
+    TRAINING_QUEUE,
+)
 from tideflow.scheduling.model import DeviceClass
 
-POOL_LABEL = "tideflow.io/pool"
-POOL = "training"  # the node label value of the broker's pool in a cluster file
-DEVICE_CLASSES: dict[str, DeviceClass] = {"nvidia.com/gpu": "gpu", "huawei.com/Ascend910": "npu"}
-TAINT_KEY = "tideflow.io/pool"
+POOL = BROKER_POOL  # the node label value of the broker's pool in a cluster file
+TAINT_KEY = POOL_TAINT
+DEVICE_CLASSES: dict[str, DeviceClass] = {
+    resource: cast("DeviceClass", device_class)
+    for device_class, resource in DEVICE_RESOURCES.items()
+}
 KUEUE_PREEMPTED = "Preempted"  # the eviction reason of a Workload Kueue preempted
 QUEUE_KINDS = ("volcano", "kueue")  # the gang schedulers whose training queue it moves
 
 
 @dataclass(frozen=True)
 class ClusterTarget:
-    namespace: str = "tideflow"
+    namespace: str = NAMESPACE
     inference_deployment: str = "inference"
     gpus_per_replica: int = 1
     hpa: str | None = None  # when set, its min/max replicas are moved, not the Deployment
     gpu_resource: str = "nvidia.com/gpu"
     node_selector: str = "nvidia.com/gpu.present=true"  # the GPU nodes the broker manages
     queue_kind: str = "volcano"  # or "kueue"
-    training_queue: str = "training"  # Volcano Queue or Kueue ClusterQueue name
+    training_queue: str = TRAINING_QUEUE  # Volcano Queue or Kueue ClusterQueue name
     kueue_flavor: str | None = None  # the ResourceFlavor whose quota moves (Kueue)
     kueue_version: str = "v1beta2"
     # The cluster file (TIDEFLOW_CLUSTER_FILE): when it declares a team ``inference``, the

@@ -17,7 +17,7 @@ from typing import Any
 
 from tideflow.broker.kube_evictions import Evictions, Evictor
 from tideflow.broker.kube_pools import NodePools, by_gang, checkpoint_store
-from tideflow.broker.kube_target import POOL, POOL_LABEL, few
+from tideflow.broker.kube_target import POOL, few
 from tideflow.broker.tenant import (
     INFERENCE_TEAM,
     PoolGang,
@@ -30,6 +30,7 @@ from tideflow.broker.tenant import (
     lendable,
 )
 from tideflow.checkpoint.recency import work_at_risk_since
+from tideflow.compile.cluster_names import POOL_LABEL
 from tideflow.inventory import ClusterSpec
 from tideflow.kube.names import dns_label
 from tideflow.kube.volcano import GANG_LABEL, TEAM_LABEL

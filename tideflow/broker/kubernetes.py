@@ -36,7 +36,6 @@ from tideflow.broker.kube_target import (
     DEVICE_CLASSES,
     KUEUE_PREEMPTED,
     POOL,
-    POOL_LABEL,
     QUEUE_KINDS,
     TAINT_KEY,
     ClusterTarget,
@@ -48,6 +47,7 @@ from tideflow.broker.policy import Decision, GangView
 from tideflow.broker.tenant import ceiling, floor, governs_inference
 from tideflow.broker.volcano_stops import VolcanoStops
 from tideflow.checkpoint.recency import work_at_risk_since
+from tideflow.compile.cluster_names import POOL_LABEL
 from tideflow.inventory import load_cluster
 from tideflow.kube.client import MERGE
 from tideflow.kube.volcano import GANG_LABEL

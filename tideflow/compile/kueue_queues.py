@@ -31,11 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tideflow.compile.cluster_names import NAMESPACE, POOL_LABEL, TRAINING_QUEUE
 from tideflow.compile.team_queues import (
     BROKER_NOTE,
-    NAMESPACE,
-    POOL_LABEL,
-    TRAINING_QUEUE,
     Flavor,
     QueueCompileError,
     Share,

@@ -28,19 +28,16 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tideflow.compile.cluster_names import (
+    BROKER_POOL,
+    MODEL_LABELS,
+    POOL_LABEL,
+    QUOTA_RESOURCES,
+    TRAINING_QUEUE,
+)
 from tideflow.compile.gpu_products import gpu_products
 from tideflow.inventory import ClusterSpec, NodeGroup
-
-# tideflow.kube.pods DEVICE_RESOURCES and POOL_LABEL (kube sits above compile in the
-# layers, so the names are repeated here; tests/test_compile_queues.py keeps them equal).
-DEVICE_RESOURCES = {"cpu": "cpu", "gpu": "nvidia.com/gpu", "npu": "huawei.com/Ascend910"}
-POOL_LABEL = "tideflow.io/pool"
-BROKER_POOL = "training"  # the pool label value of the nodes the broker lends to training
-TRAINING_QUEUE = "training"  # TIDEFLOW_K8S_TRAINING_QUEUE's default: the queue it moves
-NAMESPACE = "tideflow"  # KubeSettings.namespace's default: where LocalQueues live
-# A node that declares no labels is found by its model: the label GPU feature discovery
-# gives it (tideflow.kube.volcano MODEL_LABELS).
-MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
+from tideflow.spec.teams import BorrowingRule, Team
 
 
 class QueueCompileError(ValueError):
@@ -59,7 +56,7 @@ class Flavor:
 
     @property
     def resource(self) -> str:
-        return DEVICE_RESOURCES[self.device_class]
+        return QUOTA_RESOURCES[self.device_class]
 
     @property
     def label(self) -> str:
@@ -238,79 +235,15 @@ def plan_team_queues(spec: ClusterSpec) -> TeamQueuePlan:
         )
     flavors = _flavors(spec)
     notes: list[str] = []
-    # team -> flavor -> (nominal, borrowing_limit, lending_limit) as declared, split.
-    raw: dict[str, dict[str, tuple[int, int | None, int | None]]] = {}
-    for team in spec.teams:
-        mine: dict[str, tuple[int, int | None, int | None]] = {}
-        for quota in team.quota:
-            if quota.model is not None and quota.device != "cpu":
-                of_class = [f for f in flavors if f.name == flavor_name(quota.device, quota.model)]
-            else:  # class-wide: over every model of the class, by device count
-                of_class = [f for f in flavors if f.device_class == quota.device]
-            weights = [f.devices for f in of_class]
-            parts = zip(
-                of_class,
-                _split(quota.nominal, weights),
-                _split(quota.borrowing_limit, weights),
-                _split(quota.lending_limit, weights),
-                strict=True,
-            )
-            for flavor, nominal, borrow, lend in parts:
-                entry = (int(nominal or 0), borrow, lend)
-                mine[flavor.name] = (
-                    _merge(mine[flavor.name], entry) if flavor.name in mine else entry
-                )
-            if len(of_class) > 1:
-                split = ", ".join(
-                    f"{f.name} {n}"
-                    for f, n in zip(of_class, _split(quota.nominal, weights), strict=True)
-                )
-                notes.append(
-                    f"team {team.name}: its class-wide {quota.label()} quota of {quota.nominal} "
-                    f"is split over the models by their device counts ({split}): the engines "
-                    "keep quotas per model; tideflow's ledger lets one quota span the models"
-                )
-        raw[team.name] = mine
-
+    declared = {team.name: _declared_quotas(team, flavors, notes) for team in spec.teams}
     shared = {
-        f.name: max(0, f.devices - sum(raw[t].get(f.name, (0, None, None))[0] for t in raw))
+        f.name: max(0, f.devices - sum(q.get(f.name, _NO_QUOTA)[0] for q in declared.values()))
         for f in flavors
     }
-    rules = list(spec.borrowing)
-    shares: dict[str, dict[str, Share]] = {}
-    for team in spec.teams:
-        mine_shares: dict[str, Share] = {}
-        for flavor in flavors:
-            nominal, borrow, lend = raw[team.name].get(flavor.name, (0, None, None))
-            stake = flavor.name in raw[team.name]
-            if flavor.broker:
-                # The broker lends the pool to training as a whole: the teams borrow it from
-                # the training queue, never from each other, so the rules bound nothing here.
-                if not stake and shared[flavor.name] == 0:
-                    continue
-                limit = borrow if stake else shared[flavor.name] - nominal
-                mine_shares[flavor.name] = Share(nominal, limit, None)
-                continue
-            lenders = 0
-            for rule in rules:
-                if rule.borrower != team.name:
-                    continue
-                l_nominal, _, l_lend = raw.get(rule.lender, {}).get(flavor.name, (0, None, None))
-                cap = l_nominal if l_lend is None else min(l_lend, l_nominal)
-                lenders += min(cap, math.floor(rule.max_borrowable_ratio * l_nominal))
-            ceiling = shared[flavor.name] + lenders
-            borrowable = ceiling if borrow is None else min(borrow, ceiling)
-            given = [r for r in rules if r.lender == team.name]
-            by_rules = sum(math.floor(r.max_borrowable_ratio * nominal) for r in given)
-            lendable = min(nominal if lend is None else lend, by_rules, nominal)
-            if nominal == 0 and borrowable == 0:
-                continue
-            mine_shares[flavor.name] = Share(
-                nominal,
-                None if nominal + borrowable >= flavor.devices else borrowable,
-                None if lendable >= nominal else lendable,
-            )
-        shares[team.name] = mine_shares
+    shares = {
+        team.name: _team_shares(team.name, flavors, declared, shared, list(spec.borrowing))
+        for team in spec.teams
+    }
     return TeamQueuePlan(
         spec.metadata.name,
         flavors,
@@ -320,6 +253,85 @@ def plan_team_queues(spec: ClusterSpec) -> TeamQueuePlan:
         spec,
         notes,
     )
+
+
+# A team's quota of one flavor as declared: (nominal, borrowing_limit, lending_limit).
+_Declared = tuple[int, int | None, int | None]
+_NO_QUOTA: _Declared = (0, None, None)
+
+
+def _declared_quotas(
+    team: Team, flavors: tuple[Flavor, ...], notes: list[str]
+) -> dict[str, _Declared]:
+    """The team's quotas per flavor; a class-wide quota split over the class's models by
+    their device counts (with a note: the engines keep quotas per model)."""
+    mine: dict[str, _Declared] = {}
+    for quota in team.quota:
+        if quota.model is not None and quota.device != "cpu":
+            of_class = [f for f in flavors if f.name == flavor_name(quota.device, quota.model)]
+        else:  # class-wide: over every model of the class, by device count
+            of_class = [f for f in flavors if f.device_class == quota.device]
+        weights = [f.devices for f in of_class]
+        parts = zip(
+            of_class,
+            _split(quota.nominal, weights),
+            _split(quota.borrowing_limit, weights),
+            _split(quota.lending_limit, weights),
+            strict=True,
+        )
+        for flavor, nominal, borrow, lend in parts:
+            entry = (int(nominal or 0), borrow, lend)
+            mine[flavor.name] = _merge(mine[flavor.name], entry) if flavor.name in mine else entry
+        if len(of_class) > 1:
+            split = ", ".join(
+                f"{f.name} {n}"
+                for f, n in zip(of_class, _split(quota.nominal, weights), strict=True)
+            )
+            notes.append(
+                f"team {team.name}: its class-wide {quota.label()} quota of {quota.nominal} "
+                f"is split over the models by their device counts ({split}): the engines "
+                "keep quotas per model; tideflow's ledger lets one quota span the models"
+            )
+    return mine
+
+
+def _team_shares(
+    team: str,
+    flavors: tuple[Flavor, ...],
+    declared: dict[str, dict[str, _Declared]],
+    shared: dict[str, int],
+    rules: list[BorrowingRule],
+) -> dict[str, Share]:
+    """The team's share of each flavor it has a stake in or may borrow."""
+    shares: dict[str, Share] = {}
+    for flavor in flavors:
+        nominal, borrow, lend = declared[team].get(flavor.name, _NO_QUOTA)
+        stake = flavor.name in declared[team]
+        if flavor.broker:
+            # The broker lends the pool to training as a whole: the teams borrow it from
+            # the training queue, never from each other, so the rules bound nothing here.
+            if stake or shared[flavor.name] > 0:
+                limit = borrow if stake else shared[flavor.name] - nominal
+                shares[flavor.name] = Share(nominal, limit, None)
+            continue
+        lenders = 0
+        for rule in (r for r in rules if r.borrower == team):
+            l_nominal, _, l_lend = declared.get(rule.lender, {}).get(flavor.name, _NO_QUOTA)
+            cap = l_nominal if l_lend is None else min(l_lend, l_nominal)
+            lenders += min(cap, math.floor(rule.max_borrowable_ratio * l_nominal))
+        ceiling = shared[flavor.name] + lenders
+        borrowable = ceiling if borrow is None else min(borrow, ceiling)
+        given = [r for r in rules if r.lender == team]
+        by_rules = sum(math.floor(r.max_borrowable_ratio * nominal) for r in given)
+        lendable = min(nominal if lend is None else lend, by_rules, nominal)
+        if nominal == 0 and borrowable == 0:
+            continue
+        shares[flavor.name] = Share(
+            nominal,
+            None if nominal + borrowable >= flavor.devices else borrowable,
+            None if lendable >= nominal else lendable,
+        )
+    return shares
 
 
 BROKER_NOTE = (

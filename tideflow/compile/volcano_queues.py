@@ -28,10 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tideflow.compile.cluster_names import BROKER_POOL, TRAINING_QUEUE
 from tideflow.compile.team_queues import (
     BROKER_NOTE,
-    BROKER_POOL,
-    TRAINING_QUEUE,
     QueueCompileError,
     TeamQueuePlan,
     budget_warning,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tideflow.compile.cluster_names import DEVICE_RESOURCES, POOL_LABEL, POOL_TAINT
 from tideflow.scheduling.preference import SPARE_PRIORITY
 
 if TYPE_CHECKING:  # volcano builds on this module, not the reverse
@@ -33,9 +34,6 @@ if TYPE_CHECKING:  # volcano builds on this module, not the reverse
 TASK_CPU, TASK_MEMORY = "500m", "1Gi"
 POOL_CLASSES = {"tideflow-cpu": "cpu", "tideflow-gpu": "gpu", "tideflow-npu": "npu"}
 
-DEVICE_RESOURCES = {"gpu": "nvidia.com/gpu", "npu": "huawei.com/Ascend910"}
-POOL_LABEL = "tideflow.io/pool"
-POOL_TAINT = "tideflow.io/pool"
 RUN_AS_USER = 10001
 # MLflow's NetworkPolicy (deploy/kubernetes/mlflow.yaml) admits only pods labelled so:
 # every pod that reports to MLflow carries it (the Helm values give it to Airflow's).

@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
 from tideflow import settings_registry as registry
+from tideflow.compile.cluster_names import NAMESPACE
 from tideflow.compile.gpu_products import GPU_PRODUCTS, gpu_products
 from tideflow.config import ConfigError
 
 
 @dataclass(frozen=True)
 class KubeSettings:
-    namespace: str = "tideflow"
+    namespace: str = NAMESPACE
     image: str = "registry.example.com/tideflow:0.1.0"
     store_secret: str = "tideflow-store"  # S3 credentials (or use IRSA: leave it empty)
     mlflow_tracking_uri: str = "http://mlflow.tideflow:5000"

@@ -34,10 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tideflow.compile.cluster_names import DEVICE_RESOURCES, MODEL_LABELS
 from tideflow.compile.team_queues import priority_class_name
 from tideflow.kube.names import dns_label
 from tideflow.kube.pods import (
-    DEVICE_RESOURCES,
     MLFLOW_CLIENT_LABELS,
     RUN_AS_USER,
     placement,
@@ -49,7 +49,6 @@ from tideflow.kube.torchrun import VOLCANO, WorkerIndex, torchrun_env
 from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV
 from tideflow.steps.entrypoints import ARGS_ENV
 
-MODEL_LABELS = {"gpu": "nvidia.com/gpu.product", "npu": "accelerator/huawei-npu"}
 # Every gang object and its pods carry their gang and team: the broker finds a gang's
 # pods by the first and reads whose quota it runs on from the second
 # (tideflow.broker.kubernetes).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tideflow.compile.team_queues import DEVICE_RESOURCES, MODEL_LABELS, POOL_LABEL
+from tideflow.compile.cluster_names import DEVICE_RESOURCES, MODEL_LABELS, POOL_LABEL
 from tideflow.inventory import ClusterSpec, NodeGroup
 from tideflow.kube.settings import KubeSettings
 
