@@ -29,6 +29,7 @@ webhook pkg/webhooks/clusterqueue_webhook.go):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tideflow.compile.cluster_names import NAMESPACE, POOL_LABEL, TRAINING_QUEUE
@@ -47,6 +48,7 @@ from tideflow.compile.team_queues import (
     tenant_grace,
 )
 from tideflow.inventory import ClusterSpec
+from tideflow.spec.teams import BorrowingRule, PriorityClass
 
 API = "kueue.x-k8s.io/v1beta2"
 
@@ -126,47 +128,56 @@ def kueue_objects(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The Kueue objects for a cluster file's teams, and the rules they cannot express."""
     plan = plan_team_queues(spec)
-    cohort = plan.cluster
-    broker = plan.broker_flavors
-    if broker and TRAINING_QUEUE in plan.teams:
+    if plan.broker_flavors and TRAINING_QUEUE in plan.teams:
         raise QueueCompileError(
             f"team '{TRAINING_QUEUE}' has the name of the ClusterQueue the broker moves "
             "(its lent GPUs): rename the team"
         )
     warnings = list(plan.notes) + _warnings(plan)
-    objects: list[dict[str, Any]] = []
-    for c in plan.spec.priority_classes:
-        wpc: dict[str, Any] = {
-            "apiVersion": API,
-            "kind": "WorkloadPriorityClass",
-            "metadata": {"name": priority_class_name(c.name)},
-            "value": c.value,
-        }
-        if c.description:
-            wpc["description"] = c.description
-        objects.append(wpc)
-    for flavor in plan.flavors:
-        if flavor.devices == 0:
-            continue
-        spec_: dict[str, Any] = {"nodeLabels": dict(flavor.node_labels)}
-        if flavor.broker:
-            # The broker taints the nodes it manages (key tideflow.io/pool, NoSchedule);
-            # Kueue adds this toleration to the pods it admits on this flavor.
-            spec_["tolerations"] = [
-                {"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"}
-            ]
-        if not spec_["nodeLabels"]:
-            del spec_["nodeLabels"]
-        objects.append(
-            {
-                "apiVersion": API,
-                "kind": "ResourceFlavor",
-                "metadata": {"name": flavor.name},
-                "spec": spec_,
-            }
-        )
-    # The shared pool: Cohort-level nominalQuota, "additional resources on top of those
-    # defined by ClusterQueues within the Cohort" (the Cohort CRD), lent to every member.
+    objects = [_priority_class(c) for c in plan.spec.priority_classes]
+    objects += [_resource_flavor(f) for f in plan.flavors if f.devices]
+    objects += _cohort(plan)
+    objects += [_team_queue(plan, team, namespace) for team in plan.teams]
+    objects += [
+        _object("LocalQueue", team, {"clusterQueue": team}, namespace) for team in plan.teams
+    ]
+    return objects, warnings
+
+
+def _object(
+    kind: str, name: str, spec: dict[str, Any], namespace: str | None = None
+) -> dict[str, Any]:
+    metadata = {"name": name} if namespace is None else {"name": name, "namespace": namespace}
+    return {"apiVersion": API, "kind": kind, "metadata": metadata, "spec": spec}
+
+
+def _priority_class(declared: PriorityClass) -> dict[str, Any]:
+    wpc: dict[str, Any] = {
+        "apiVersion": API,
+        "kind": "WorkloadPriorityClass",
+        "metadata": {"name": priority_class_name(declared.name)},
+        "value": declared.value,
+    }
+    if declared.description:
+        wpc["description"] = declared.description
+    return wpc
+
+
+def _resource_flavor(flavor: Flavor) -> dict[str, Any]:
+    spec: dict[str, Any] = {"nodeLabels": dict(flavor.node_labels)}
+    if flavor.broker:
+        # The broker taints the nodes it manages (key tideflow.io/pool, NoSchedule);
+        # Kueue adds this toleration to the pods it admits on this flavor.
+        spec["tolerations"] = [{"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
+    if not spec["nodeLabels"]:
+        del spec["nodeLabels"]
+    return _object("ResourceFlavor", flavor.name, spec)
+
+
+def _cohort(plan: TeamQueuePlan) -> list[dict[str, Any]]:
+    """The cohort, with the shared pool as its own quota, and the broker's training queue."""
+    # Cohort-level nominalQuota is "additional resources on top of those defined by
+    # ClusterQueues within the Cohort" (the Cohort CRD), lent to every member.
     pool = {
         name: Share(devices, None, None)
         for name, devices in plan.shared_pool.items()
@@ -175,76 +186,77 @@ def kueue_objects(
     cohort_spec: dict[str, Any] = {}
     if pool:
         cohort_spec["resourceGroups"] = _resource_groups(plan, pool)
-    objects.append(
-        {"apiVersion": API, "kind": "Cohort", "metadata": {"name": cohort}, "spec": cohort_spec}
-    )
-    if broker:
-        lent = {f.name: Share(f.devices, None, None) for f in broker}
-        objects.append(
-            {
-                "apiVersion": API,
-                "kind": "ClusterQueue",
-                "metadata": {"name": TRAINING_QUEUE},
-                # No namespaceSelector: it admits no workload; all it holds is lent.
-                "spec": {"cohortName": cohort, "resourceGroups": _resource_groups(plan, lent)},
-            }
-        )
-    fair = plan.spec.scheduling.fair_sharing
-    for team in plan.teams:
-        some, _ = _preempting(plan, team)
-        preemption: dict[str, Any] = {
-            # the ledger's reclaim (tideflow.scheduling.reclaim): a queue within its nominal
-            # takes devices back from any member above its own, whatever the priority
-            "reclaimWithinCohort": "Any",
-            "borrowWithinCohort": {"policy": "LowerPriority" if some else "Never"},
-            "withinClusterQueue": "LowerPriority" if some else "Never",
-        }
-        cq_spec: dict[str, Any] = {
-            "cohortName": cohort,
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            # StrictFIFO would reserve at once; reserve_after waits first (a warning)
-            "queueingStrategy": "BestEffortFIFO",
-            "preemption": preemption,
-            "resourceGroups": _resource_groups(plan, _team_shares(plan, team)),
-        }
-        if fair and broker:
-            # On the broker's pool the teams own no nominal quota: the weights give each
-            # its nominal share of it when Kueue's fair sharing is on.
-            cq_spec["fairSharing"] = {
-                "weight": sum(plan.shares[team].get(f.name, Share(0, 0, 0)).nominal for f in broker)
-            }
-        if not cq_spec["resourceGroups"]:
-            del cq_spec["resourceGroups"]
-        objects.append(
-            {"apiVersion": API, "kind": "ClusterQueue", "metadata": {"name": team}, "spec": cq_spec}
-        )
-    for team in plan.teams:
-        objects.append(
-            {
-                "apiVersion": API,
-                "kind": "LocalQueue",
-                "metadata": {"name": team, "namespace": namespace},
-                "spec": {"clusterQueue": team},
-            }
-        )
-    return objects, warnings
+    objects = [_object("Cohort", plan.cluster, cohort_spec)]
+    if plan.broker_flavors:
+        lent = {f.name: Share(f.devices, None, None) for f in plan.broker_flavors}
+        # No namespaceSelector: it admits no workload; all it holds is lent.
+        lent_spec = {"cohortName": plan.cluster, "resourceGroups": _resource_groups(plan, lent)}
+        objects.append(_object("ClusterQueue", TRAINING_QUEUE, lent_spec))
+    return objects
+
+
+def _team_queue(plan: TeamQueuePlan, team: str, namespace: str) -> dict[str, Any]:
+    some, _ = _preempting(plan, team)
+    preemption: dict[str, Any] = {
+        # the ledger's reclaim (tideflow.scheduling.reclaim): a queue within its nominal
+        # takes devices back from any member above its own, whatever the priority
+        "reclaimWithinCohort": "Any",
+        "borrowWithinCohort": {"policy": "LowerPriority" if some else "Never"},
+        "withinClusterQueue": "LowerPriority" if some else "Never",
+    }
+    spec: dict[str, Any] = {
+        "cohortName": plan.cluster,
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        # StrictFIFO would reserve at once; reserve_after waits first (a warning)
+        "queueingStrategy": "BestEffortFIFO",
+        "preemption": preemption,
+        "resourceGroups": _resource_groups(plan, _team_shares(plan, team)),
+    }
+    if plan.spec.scheduling.fair_sharing and plan.broker_flavors:
+        # On the broker's pool the teams own no nominal quota: the weights give each
+        # its nominal share of it when Kueue's fair sharing is on.
+        shares = plan.shares[team]
+        weight = sum(shares.get(f.name, Share(0, 0, 0)).nominal for f in plan.broker_flavors)
+        spec["fairSharing"] = {"weight": weight}
+    if not spec["resourceGroups"]:
+        del spec["resourceGroups"]
+    return _object("ClusterQueue", team, spec)
 
 
 def _warnings(plan: TeamQueuePlan) -> list[str]:
-    spec = plan.spec
-    found: list[str] = []
-    rules = spec.borrowing
-    if rules:
-        pairs = ", ".join(f"{r.lender}->{r.borrower} {r.max_borrowable_ratio:g}" for r in rules)
+    """What Kueue's objects cannot express of the cluster file, said once each."""
+    found = _borrowing_warnings(plan.spec.borrowing)
+    found += _class_warnings(plan)
+    found += _scheduling_warnings(plan)
+    for flavor in plan.broker_flavors:
+        if plan.spec.borrowing:
+            found.append(
+                f"the broker's pool ({flavor.label}, ClusterQueue {TRAINING_QUEUE}): the teams "
+                "borrow it from the training queue, not from each other, so borrowing rules "
+                "and lending limits bound nothing there; each team may use its nominal plus "
+                "its borrowing_limit of whatever the broker lends"
+            )
+    if not plan.flavor("cpu").memory:
         found.append(
-            "borrowing rules per lender and borrower (max_borrowable_ratio: "
-            f"{pairs}): a Kueue cohort lends any member's idle quota to any other. Folded "
-            "into each borrower's borrowingLimit (the shared pool plus what its lenders may "
-            "lend it) and each lender's lendingLimit (what its rules, summed, let anyone "
-            "borrow; 0 when it lends to no team), so Kueue never lends more than tideflow's "
-            "ledger would; which lender a borrower takes from is Kueue's choice, and a "
-            "lender reclaims from any member over its nominal quota"
+            "memory: the nodes declare none, so flavor cpu covers cpu only and Kueue admits "
+            "no gang that requests memory; declare each node group's memory"
         )
+    return found
+
+
+def _borrowing_warnings(rules: Sequence[BorrowingRule]) -> list[str]:
+    if not rules:
+        return []
+    pairs = ", ".join(f"{r.lender}->{r.borrower} {r.max_borrowable_ratio:g}" for r in rules)
+    found = [
+        "borrowing rules per lender and borrower (max_borrowable_ratio: "
+        f"{pairs}): a Kueue cohort lends any member's idle quota to any other. Folded "
+        "into each borrower's borrowingLimit (the shared pool plus what its lenders may "
+        "lend it) and each lender's lendingLimit (what its rules, summed, let anyone "
+        "borrow; 0 when it lends to no team), so Kueue never lends more than tideflow's "
+        "ledger would; which lender a borrower takes from is Kueue's choice, and a "
+        "lender reclaims from any member over its nominal quota"
+    ]
     thresholds = [r for r in rules if r.min_priority_class is not None]
     if thresholds:
         found.append(
@@ -255,13 +267,12 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "floor for gangs it places itself"
         )
     graces = sorted({r.grace for r in rules})
-    if rules:
-        found.append(
-            f"grace per borrowing rule ({', '.join(f'{g}s' for g in graces)}): Kueue evicts a "
-            "preempted workload at once; its pods get their terminationGracePeriodSeconds "
-            "(TIDEFLOW_K8S_GRACE_S, one value for every gang) to checkpoint and exit"
-            + tenant_grace(r.lender for r in rules)
-        )
+    found.append(
+        f"grace per borrowing rule ({', '.join(f'{g}s' for g in graces)}): Kueue evicts a "
+        "preempted workload at once; its pods get their terminationGracePeriodSeconds "
+        "(TIDEFLOW_K8S_GRACE_S, one value for every gang) to checkpoint and exit"
+        + tenant_grace(r.lender for r in rules)
+    )
     timeouts = [r for r in rules if r.auto_return_timeout is not None]
     if timeouts:
         found.append(
@@ -272,6 +283,12 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "places itself; on Kueue a borrowing gang keeps its devices until it ends "
             "or is reclaimed"
         )
+    return found
+
+
+def _class_warnings(plan: TeamQueuePlan) -> list[str]:
+    spec = plan.spec
+    found: list[str] = []
     mixed = [t.name for t in spec.teams if _preempting(plan, t.name) == (True, False)]
     if mixed:
         found.append(
@@ -294,6 +311,12 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "refuses a class the team may not use and labels its JobSet with the run's class "
             "or the team's default; a workload submitted otherwise is not checked"
         )
+    return found
+
+
+def _scheduling_warnings(plan: TeamQueuePlan) -> list[str]:
+    spec = plan.spec
+    found: list[str] = []
     reserve = spec.scheduling.reserve_after
     if reserve:
         found.append(
@@ -310,23 +333,7 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "Without it, borrowing workloads go by priority, then creation time"
         )
     budgets = budget_warning(spec, "Kueue")
-    if budgets:
-        found.append(budgets)
-    for flavor in plan.broker_flavors:
-        if rules:
-            found.append(
-                f"the broker's pool ({flavor.label}, ClusterQueue {TRAINING_QUEUE}): the teams "
-                "borrow it from the training queue, not from each other, so borrowing rules "
-                "and lending limits bound nothing there; each team may use its nominal plus "
-                "its borrowing_limit of whatever the broker lends"
-            )
-    cpu = plan.flavor("cpu")
-    if not cpu.memory:
-        found.append(
-            "memory: the nodes declare none, so flavor cpu covers cpu only and Kueue admits "
-            "no gang that requests memory; declare each node group's memory"
-        )
-    return found
+    return [*found, budgets] if budgets else found
 
 
 def compile_kueue(

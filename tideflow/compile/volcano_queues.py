@@ -26,6 +26,7 @@ pkg/webhooks/admission/queues/validate/validate_queue.go):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tideflow.compile.cluster_names import BROKER_POOL, TRAINING_QUEUE
@@ -41,6 +42,7 @@ from tideflow.compile.team_queues import (
     tenant_grace,
 )
 from tideflow.inventory import ClusterSpec
+from tideflow.spec.teams import BorrowingRule, PriorityClass
 
 API = "scheduling.volcano.sh/v1beta1"
 
@@ -76,8 +78,7 @@ def _totals(plan: TeamQueuePlan) -> dict[str, int]:
 def volcano_objects(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[str]]:
     """The Volcano objects for a cluster file's teams, and the rules they cannot express."""
     plan = plan_team_queues(spec)
-    broker = plan.broker_flavors
-    reserved = {"root"} | ({TRAINING_QUEUE} if broker else set())
+    reserved = {"root"} | ({TRAINING_QUEUE} if plan.broker_flavors else set())
     clash = sorted(reserved & set(plan.teams))
     if clash:
         raise QueueCompileError(
@@ -86,62 +87,72 @@ def volcano_objects(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[str]]
         )
     warnings = list(plan.notes) + _warnings(plan)
     totals = _totals(plan)
-    objects: list[dict[str, Any]] = []
-    for c in plan.spec.priority_classes:
-        objects.append(
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": priority_class_name(c.name)},
-                "value": c.value,
-                "preemptionPolicy": "PreemptLowerPriority" if c.preempts else "Never",
-                "description": c.description or f"tideflow priority class {c.name}",
-            }
-        )
+    objects = [_priority_class(c) for c in plan.spec.priority_classes]
     teams = {t: _team_resources(plan, t) for t in plan.teams}
-    pool_resources = {f.resource for f in broker}
-    if broker:
-        deserved_sum = {
-            r: sum(int(teams[t][r]["deserved"] or 0) for t in plan.teams) for r in totals
-        }
-        for t in plan.teams:
-            for r in pool_resources:
-                cap = teams[t][r]["capability"]
-                if cap is not None and cap > deserved_sum[r]:
-                    # validate_queue.go validateChildAgainstAncestor: a child's capability
-                    # within its ancestor's, which the broker may lower to the deserved.
-                    teams[t][r]["capability"] = deserved_sum[r]
-                    warnings.append(
-                        f"team {t}: its {r} capability {cap} is held to the training queue's "
-                        f"deserved {deserved_sum[r]}, the lowest capability the broker sets"
-                    )
-    queues: list[dict[str, Any]] = []
-    for team in plan.teams:
-        deserved, capability, guarantee = {}, {}, {}
-        for resource, entry in teams[team].items():
-            if entry["deserved"]:
-                deserved[resource] = str(entry["deserved"])
-            cap = entry["capability"]
-            if cap is not None and cap < totals[resource]:
-                capability[resource] = str(cap)
-            if entry["guarantee"]:
-                guarantee[resource] = str(entry["guarantee"])
-        queue_spec: dict[str, Any] = {"reclaimable": True}
-        if broker:
-            queue_spec["parent"] = TRAINING_QUEUE
-        if deserved:
-            queue_spec["deserved"] = deserved
-        if capability:
-            queue_spec["capability"] = capability
-        if guarantee:
-            queue_spec["guarantee"] = {"resource": guarantee}
-        queues.append(
-            {"apiVersion": API, "kind": "Queue", "metadata": {"name": team}, "spec": queue_spec}
-        )
-    if broker:
+    if plan.broker_flavors:
+        warnings += _hold_to_training_queue(plan, teams, totals)
+    queues = [_team_queue(plan, team, teams[team], totals) for team in plan.teams]
+    if plan.broker_flavors:
         objects.append(_parent_queue(plan, queues, totals))
-    objects += queues
-    return objects, warnings
+    return objects + queues, warnings
+
+
+def _priority_class(declared: PriorityClass) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": priority_class_name(declared.name)},
+        "value": declared.value,
+        "preemptionPolicy": "PreemptLowerPriority" if declared.preempts else "Never",
+        "description": declared.description or f"tideflow priority class {declared.name}",
+    }
+
+
+_Resources = dict[str, dict[str, int | None]]
+
+
+def _hold_to_training_queue(
+    plan: TeamQueuePlan, teams: dict[str, _Resources], totals: dict[str, int]
+) -> list[str]:
+    """Each team's capability on the pool's resources held within the training queue's
+    deserved (validate_queue.go validateChildAgainstAncestor: a child's capability
+    within its ancestor's, which the broker may lower to the deserved)."""
+    held: list[str] = []
+    deserved_sum = {r: sum(int(teams[t][r]["deserved"] or 0) for t in plan.teams) for r in totals}
+    for t in plan.teams:
+        for r in {f.resource for f in plan.broker_flavors}:
+            cap = teams[t][r]["capability"]
+            if cap is not None and cap > deserved_sum[r]:
+                teams[t][r]["capability"] = deserved_sum[r]
+                held.append(
+                    f"team {t}: its {r} capability {cap} is held to the training queue's "
+                    f"deserved {deserved_sum[r]}, the lowest capability the broker sets"
+                )
+    return held
+
+
+def _team_queue(
+    plan: TeamQueuePlan, team: str, resources: _Resources, totals: dict[str, int]
+) -> dict[str, Any]:
+    deserved, capability, guarantee = {}, {}, {}
+    for resource, entry in resources.items():
+        if entry["deserved"]:
+            deserved[resource] = str(entry["deserved"])
+        cap = entry["capability"]
+        if cap is not None and cap < totals[resource]:
+            capability[resource] = str(cap)
+        if entry["guarantee"]:
+            guarantee[resource] = str(entry["guarantee"])
+    queue_spec: dict[str, Any] = {"reclaimable": True}
+    if plan.broker_flavors:
+        queue_spec["parent"] = TRAINING_QUEUE
+    if deserved:
+        queue_spec["deserved"] = deserved
+    if capability:
+        queue_spec["capability"] = capability
+    if guarantee:
+        queue_spec["guarantee"] = {"resource": guarantee}
+    return {"apiVersion": API, "kind": "Queue", "metadata": {"name": team}, "spec": queue_spec}
 
 
 def _parent_queue(
@@ -189,19 +200,35 @@ def _parent_queue(
 
 
 def _warnings(plan: TeamQueuePlan) -> list[str]:
+    """What Volcano's queues cannot express of the cluster file, said once each."""
     spec = plan.spec
-    found: list[str] = []
-    rules = spec.borrowing
-    if rules:
-        pairs = ", ".join(f"{r.lender}->{r.borrower} {r.max_borrowable_ratio:g}" for r in rules)
-        found.append(
-            f"borrowing rules per lender and borrower (max_borrowable_ratio: {pairs}): "
-            "Volcano's capacity plugin lets any queue use any other's idle deserved, up to "
-            "its capability. Folded into each borrower's capability (nominal plus the shared "
-            "pool plus what its lenders may lend it) and each lender's guarantee (the part "
-            "its rules let no one borrow), so Volcano never lends more than tideflow's "
-            "ledger would; whom a borrower takes from is Volcano's choice"
-        )
+    found = _borrowing_warnings(spec.borrowing)
+    found += _class_warnings(spec)
+    found += _model_warnings(plan)
+    found += _scheduling_warnings(spec)
+    for flavor in plan.broker_flavors:
+        if spec.borrowing:
+            found.append(
+                f"the broker's pool ({flavor.label}, nodes labelled tideflow.io/pool="
+                f"{BROKER_POOL}): the broker may hand any of it to inference, so Volcano "
+                "reserves none of it (no guarantee) and the borrowing rules bound nothing "
+                "there; each team may use its deserved plus its borrowing_limit of it"
+            )
+    return found
+
+
+def _borrowing_warnings(rules: Sequence[BorrowingRule]) -> list[str]:
+    if not rules:
+        return []
+    pairs = ", ".join(f"{r.lender}->{r.borrower} {r.max_borrowable_ratio:g}" for r in rules)
+    found = [
+        f"borrowing rules per lender and borrower (max_borrowable_ratio: {pairs}): "
+        "Volcano's capacity plugin lets any queue use any other's idle deserved, up to "
+        "its capability. Folded into each borrower's capability (nominal plus the shared "
+        "pool plus what its lenders may lend it) and each lender's guarantee (the part "
+        "its rules let no one borrow), so Volcano never lends more than tideflow's "
+        "ledger would; whom a borrower takes from is Volcano's choice"
+    ]
     thresholds = [r for r in rules if r.min_priority_class is not None]
     if thresholds:
         found.append(
@@ -211,14 +238,13 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "every job of the queue may, within its capability. tideflow's ledger keeps "
             "the floor for gangs it places itself"
         )
-    if rules:
-        graces = sorted({r.grace for r in rules})
-        found.append(
-            f"grace per borrowing rule ({', '.join(f'{g}s' for g in graces)}): Volcano's "
-            "reclaim evicts the borrower's pods, which get their "
-            "terminationGracePeriodSeconds (TIDEFLOW_K8S_GRACE_S, one value for every "
-            "gang) to checkpoint and exit" + tenant_grace(r.lender for r in rules)
-        )
+    graces = sorted({r.grace for r in rules})
+    found.append(
+        f"grace per borrowing rule ({', '.join(f'{g}s' for g in graces)}): Volcano's "
+        "reclaim evicts the borrower's pods, which get their "
+        "terminationGracePeriodSeconds (TIDEFLOW_K8S_GRACE_S, one value for every "
+        "gang) to checkpoint and exit" + tenant_grace(r.lender for r in rules)
+    )
     timeouts = [r for r in rules if r.auto_return_timeout is not None]
     if timeouts:
         found.append(
@@ -227,6 +253,11 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             + "): Volcano reclaims for queues below their deserved share, never after a "
             "time. tideflow's ledger applies the timeout to gangs it places itself"
         )
+    return found
+
+
+def _class_warnings(spec: ClusterSpec) -> list[str]:
+    found: list[str] = []
     if any(c.preempts for c in spec.priority_classes):
         found.append(
             "preempts: the PriorityClasses carry it (preemptionPolicy), and Volcano's preempt "
@@ -245,6 +276,12 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "sets its Job's priorityClassName to the run's class or the team's default; a "
             "job submitted otherwise is not checked"
         )
+    return found
+
+
+def _model_warnings(plan: TeamQueuePlan) -> list[str]:
+    """Quotas per model summed into one resource name, and models outside the pool."""
+    found: list[str] = []
     held: dict[str, list[str]] = {}  # resource -> models the teams hold quota of
     for flavor in plan.flavors:
         shares = [plan.shares[t].get(flavor.name) for t in plan.teams]
@@ -264,6 +301,11 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
                 "queue's capability to the GPUs of its pool it lends (never below deserved), "
                 "so the other models' quotas count in its deserved but not in what it lends"
             )
+    return found
+
+
+def _scheduling_warnings(spec: ClusterSpec) -> list[str]:
+    found: list[str] = []
     if any(q.device == "cpu" and q.nominal for t in spec.teams for q in t.quota):
         found.append(
             "cpu quotas: a Volcano queue counts every pod's CPU requests, a GPU or NPU "
@@ -282,17 +324,7 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
             "share of deserved (allocated / deserved), which is tideflow's fair sharing"
         )
     budgets = budget_warning(spec, "Volcano")
-    if budgets:
-        found.append(budgets)
-    for flavor in plan.broker_flavors:
-        if rules:
-            found.append(
-                f"the broker's pool ({flavor.label}, nodes labelled tideflow.io/pool="
-                f"{BROKER_POOL}): the broker may hand any of it to inference, so Volcano "
-                "reserves none of it (no guarantee) and the borrowing rules bound nothing "
-                "there; each team may use its deserved plus its borrowing_limit of it"
-            )
-    return found
+    return [*found, budgets] if budgets else found
 
 
 def compile_volcano(spec: ClusterSpec, *, source: str = "CLUSTER_FILE") -> tuple[str, list[str]]:
