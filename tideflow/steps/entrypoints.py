@@ -46,6 +46,14 @@ def describe(entrypoint: str | Sequence[str]) -> str:
     return f"command {entrypoint[0]!r}"
 
 
+def _step_command(entrypoint: str | Sequence[str], files: dict[str, Path]) -> list[str]:
+    """A module:function runs in tideflow's step runner, given its files; a command as is."""
+    if not isinstance(entrypoint, str):
+        return resolve_command(entrypoint)
+    paths = (str(files[name]) for name in ("context", "args", "out"))
+    return [sys.executable, "-m", "tideflow.steps.runner", entrypoint, *paths]
+
+
 def run_entrypoint(
     ctx: StepContext,
     entrypoint: str | Sequence[str],
@@ -76,16 +84,7 @@ def run_entrypoint(
             OUTPUTS_ENV: str(files["out"]),
             "PYTHONUNBUFFERED": "1",
         }
-        if isinstance(entrypoint, str):
-            command = [
-                sys.executable,
-                "-m",
-                "tideflow.steps.runner",
-                entrypoint,
-                *(str(files[n]) for n in ("context", "args", "out")),
-            ]
-        else:
-            command = resolve_command(entrypoint)
+        command = _step_command(entrypoint, files)
         on_line(f"tideflow: running {' '.join(command)}")
         try:
             child = StreamedProcess(command, child_env)

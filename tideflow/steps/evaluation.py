@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tideflow.steps.entrypoints import StepError, describe
+
+if TYPE_CHECKING:
+    from tideflow.checkpoint.manifest import Manifest
 
 CHECKPOINT_KEYS = ("checkpoint", "checkpoint_store", "checkpoint_step", "checkpoint_checksum")
 CHECKPOINT_CHOICES = ("best", "latest")
@@ -148,6 +151,18 @@ def select_checkpoint(
     if not metric:
         return newest("checkpoint: best, but the gang step declares no checkpoint.keep_best")
     mode = str((keep_best or {}).get("mode") or "max")
+    best, reason = _best_verified(store, metric, mode, log)
+    if best is None:
+        return newest(reason)
+    log(f"tideflow: checkpoint: {reason}")
+    return Selection(_facts(best, store), choice, "best", reason)
+
+
+def _best_verified(
+    store: str, metric: str, mode: str, log: Callable[[str], None]
+) -> tuple[Manifest | None, str]:
+    """The best committed checkpoint by ``metric`` whose shards verify (of equals the
+    earliest), and why; ``None`` and why not when there is none."""
     from tideflow.checkpoint import CheckpointManager
 
     manager = CheckpointManager(store)
@@ -158,13 +173,12 @@ def select_checkpoint(
         if isinstance(m.metrics.get(metric), (int, float)) and math.isfinite(m.metrics[metric])
     ]
     if not scored:
-        return newest(
+        return None, (
             f"checkpoint: best, but none of the {len(manifests)} committed checkpoint(s) has "
             f"a finite {metric} (the gang's keep_best metric)"
         )
     sign = -1.0 if mode == "max" else 1.0
-    ranked = sorted(scored, key=lambda m: (sign * float(m.metrics[metric]), m.step))
-    for manifest in ranked:
+    for manifest in sorted(scored, key=lambda m: (sign * float(m.metrics[metric]), m.step)):
         problems = manager.verify(manifest)
         if problems:
             log(
@@ -173,10 +187,8 @@ def select_checkpoint(
             )
             continue
         value = float(manifest.metrics[metric])
-        reason = (
+        return manifest, (
             f"best by {metric} ({mode}): {value:.4f} at step {manifest.step}, of "
             f"{len(scored)} scored checkpoint(s); the newest is step {manifests[-1].step}"
         )
-        log(f"tideflow: checkpoint: {reason}")
-        return Selection(_facts(manifest, store), choice, "best", reason)
-    return newest(f"checkpoint: best, but no checkpoint scored by {metric} verifies")
+    return None, f"checkpoint: best, but no checkpoint scored by {metric} verifies"

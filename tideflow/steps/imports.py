@@ -121,28 +121,21 @@ def import_issues(spec: PipelineSpec, file: str, positions: Positions) -> list[S
         f"a module:function that imports with the pipeline's code ({where}) or from an "
         "installed package; set code.path to the directory that holds the module"
     )
-    issues = []
-    for path, value in entrypoints:
-        if value in errors:
-            line, col = positions.of_value(path)
-            issues.append(
-                SpecIssue(
-                    file,
-                    line,
-                    col,
-                    format_path(path),
-                    f"cannot import '{value}': {errors[value]}",
-                    accepted,
-                )
-            )
+
+    def issue(path: Path, field: str, problem: str, accepted: str) -> SpecIssue:
+        line, col = positions.of_value(path)
+        return SpecIssue(file, line, col, field, problem, accepted)
+
+    issues = [
+        issue(path, format_path(path), f"cannot import '{value}': {errors[value]}", accepted)
+        for path, value in entrypoints
+        if value in errors
+    ]
     for field, value, role, _ in calls:
         if value not in errors and field in errors:
-            line, col = positions.of_value(tuple(_path_of(field, entrypoints)))
             issues.append(
-                SpecIssue(
-                    file,
-                    line,
-                    col,
+                issue(
+                    tuple(_path_of(field, entrypoints)),
                     field,
                     f"'{value}' cannot be called as {'an' if role == 'evaluation' else 'a'} "
                     f"{role}: {errors[field]}",
@@ -151,14 +144,10 @@ def import_issues(spec: PipelineSpec, file: str, positions: Positions) -> list[S
                 )
             )
     if package is not None and package in errors:
-        path = ("code", "package")
-        line, col = positions.of_value(path)
         issues.append(
-            SpecIssue(
-                file,
-                line,
-                col,
-                format_path(path),
+            issue(
+                ("code", "package"),
+                "code.package",
                 f"cannot import package '{package}': {errors[package]}",
                 "a package installed in this environment (pip install it), or "
                 "'path: DIR' for a directory of modules next to the pipeline",
