@@ -21,7 +21,7 @@ from tideflow.checkpoint.manifest import MODEL_SHARD
 from tideflow.runtime import AsyncCheckpointer, DistInfo
 from tideflow.runtime import checkpointing as checkpointing_module
 from tideflow.runtime.pinned import BufferLayout, HostSnapshot
-from tideflow.runtime.staging import holds_cuda_tensors
+from tideflow.runtime.staging import Stagers, holds_cuda_tensors, stager_reusable
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 ONE_PROCESS = DistInfo(0, 1, 0, torch.device("cpu"), None, False)
@@ -126,6 +126,14 @@ def test_the_next_save_waits_for_the_writer_that_still_reads_the_buffers(
     assert torch.equal(read_model_shard(manager, 2)["weight"], torch.full((1024,), 2.0))
 
 
+def test_a_sharded_save_of_a_cpu_state_keeps_unpinned_blocking_staging() -> None:
+    stagers, state = Stagers(), model_state()
+    stager = stagers.next(state)
+    assert not holds_cuda_tensors(state)
+    assert not stager._config.use_pinned_memory and not stager._config.use_non_blocking_copy
+    assert (stagers.next(state) is stager) == stager_reusable()
+
+
 # -- on a GPU ------------------------------------------------------------------------------
 
 
@@ -159,7 +167,7 @@ def test_a_sharded_async_save_on_one_nccl_rank_holds_the_state_at_its_call(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from tideflow.runtime.sharded import async_save_sharded, load_sharded
+    from tideflow.runtime.sharded import _background, async_save_sharded, load_sharded
 
     if not dist.is_nccl_available():
         pytest.skip("this torch has no NCCL")
@@ -177,6 +185,8 @@ def test_a_sharded_async_save_on_one_nccl_rank_holds_the_state_at_its_call(
         full.add_(1.0)  # both entries view this tensor's memory
         state["model"]["sharded"].to_local().add_(1.0)
         assert save.result() is not None
+        if stager_reusable():  # else each save gets a new, unpinned stager
+            assert _background.stagers.next(state)._config.use_pinned_memory
         loaded = {
             "model": {
                 "sharded": distribute_tensor(torch.zeros_like(full), mesh, [Shard(0)]),

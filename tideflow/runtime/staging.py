@@ -6,10 +6,12 @@ instead of allocating and faulting in fresh memory each time. torch 2.11's
 stager cannot stage a second time (``KeyError: <class 'type'>`` in its
 deepcopy), so where the probe below fails every save gets a new stager.
 
-A state with CUDA tensors is staged into pinned memory with non-blocking
-copies (DCP waits for the device before the save returns): a copy into
-pageable memory runs at a fraction of the link's speed and holds training
-several times longer. A CPU state keeps plain, unpinned memory.
+Where the stager is reused, a state with CUDA tensors is staged into pinned
+memory with non-blocking copies (DCP waits for the device before the save
+returns): a copy into pageable memory runs at a fraction of the link's speed
+and holds training several times longer. A CPU state keeps plain, unpinned
+memory, and so does every state where each save needs a new stager (pinning
+the whole state anew on every save would cost more than it saves).
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ class Stagers:
 
     def next(self, state: Any = None) -> DefaultStager:
         """A stager for ``state``: pinned with non-blocking copies if it holds CUDA tensors."""
-        pinned = holds_cuda_tensors(state) and torch.cuda.is_available()
         if not stager_reusable():
-            return new_stager(pinned=pinned)
+            # a stager made per save would allocate and pin the whole state each time
+            return new_stager()
+        pinned = holds_cuda_tensors(state) and torch.cuda.is_available()
         if pinned not in self._kept:
             self._kept[pinned] = new_stager(pinned=pinned)
         return self._kept[pinned]
