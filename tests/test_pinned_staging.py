@@ -182,7 +182,7 @@ def test_a_sharded_async_save_on_one_nccl_rank_holds_the_state_at_its_call(
         manager = CheckpointManager((tmp_path / "ckpt").as_uri())
         expected = full.clone()
         save = async_save_sharded(manager, 1, state)
-        full.add_(1.0)  # both entries view this tensor's memory
+        full.add_(1.0)  # at once; both entries change, whether or not they share memory
         state["model"]["sharded"].to_local().add_(1.0)
         assert save.result() is not None
         if stager_reusable():  # else each save gets a new, unpinned stager
