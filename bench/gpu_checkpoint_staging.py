@@ -13,7 +13,9 @@ Measured in one run, on one GPU:
   host memory, reproduced here as the baseline) and once with today's pinned
   staging; median of saves 2..N (the first one allocates the buffers);
 * the step time of a matmul loop timed with CUDA events, alone and while the
-  background write of a checkpoint is in flight (their ratio: the slowdown).
+  background write of a checkpoint is in flight (their ratio: the slowdown);
+* how long the write keeps another Python thread waiting for the GIL (its
+  longest hold), a lead on where a slowdown comes from.
 
 Targets: stall at most 1% of the synchronous save; slowdown at most 1.03x.
 Without a CUDA device it prints that it needs one and exits 0; ``--cpu-smoke``
@@ -182,6 +184,35 @@ def time_step(step: Callable[[], None], device: torch.device) -> float:
     return start.elapsed_time(end) / 1000
 
 
+def writer_host_holds(uri: str, state: dict[str, torch.Tensor]) -> dict[str, float]:
+    """How long the background write keeps another Python thread from running (the GIL).
+
+    A thread that wakes every millisecond records its longest wait and the time
+    lost in waits over 5 ms during one write (after a first that allocates). A
+    training loop launches its kernels from such a thread: long holds can leave
+    the GPU idle, which is one way a write slows the steps.
+    """
+    written = threading.Event()
+    checkpointer = AsyncCheckpointer(
+        CheckpointManager(uri, keep_last=1), one_process(), on_commit=lambda _: written.set()
+    )
+    checkpointer.save(0, state, rank_state={}, block=True)
+    gaps: list[float] = []
+    written.clear()
+    checkpointer.save(1, state, rank_state={})
+    last = time.perf_counter()
+    while not written.is_set():
+        time.sleep(0.001)
+        now = time.perf_counter()
+        gaps.append(now - last - 0.001)
+        last = now
+    checkpointer.finalize()
+    return {
+        "writer_longest_hold_ms": round(max(gaps, default=0.0) * 1000, 1),
+        "writer_held_over_5ms_total_ms": round(sum(g for g in gaps if g > 0.005) * 1000, 1),
+    }
+
+
 def steps_during_writes(
     uri: str, state: dict[str, torch.Tensor], step: Callable[[], None], writes: int, pageable: bool
 ) -> list[float]:
@@ -245,6 +276,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             mode["step_during_write_ms"] = median_ms(during)
             mode["steps_during_write"] = len(during)
             result[name] = mode
+        result.update(writer_host_holds(Path(scratch, "holds").as_uri(), state))
     return with_ratios(result)
 
 
@@ -286,6 +318,10 @@ def report(result: dict[str, Any]) -> None:
             f"({mode['step_slowdown']:.3f}x over {mode['steps_during_write']} steps; "
             f"target <= {SLOWDOWN_TARGET}x: {'met' if mode['slowdown_target_met'] else 'MISSED'})"
         )
+    print(
+        f"  the write holds the GIL     longest {result['writer_longest_hold_ms']:.1f} ms, "
+        f"{result['writer_held_over_5ms_total_ms']:.0f} ms in holds over 5 ms (one write)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
