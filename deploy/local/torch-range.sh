@@ -22,4 +22,5 @@ for server in weed mlflow; do ln -sf "$PWD/.venv/bin/$server" "$VENV/bin/$server
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q \
   tests/test_runtime.py tests/test_runtime_distributed.py tests/test_checkpoints_api.py \
   tests/test_sharded_checkpoint.py tests/test_gang_commit.py tests/test_checkpoint.py \
-  tests/test_hf_integration.py tests/test_lightning_integration.py "$@"
+  tests/test_hf_integration.py tests/test_lightning_integration.py \
+  tests/test_pinned_staging.py "$@"

@@ -3,7 +3,9 @@
 The training loop pays only for copying its tensors into CPU buffers (the
 "stall", measured on every save); serialising, hashing and writing happen in a
 background thread. Buffers are reused from save to save, so the copy lands in
-memory that is already mapped instead of faulting in fresh pages.
+memory that is already mapped instead of faulting in fresh pages; a CUDA
+tensor's buffer is pinned and copied on a side stream
+(``tideflow.runtime.pinned``).
 
 Every rank writes its own shard (``rank-R.pt``: its RNG state and extras);
 rank 0 also writes ``model.pt`` (model, optimizer, scaler, sampler, step).
@@ -26,6 +28,7 @@ from tideflow.checkpoint import CheckpointManager, Manifest
 from tideflow.checkpoint.manifest import MODEL_SHARD, rank_shard
 from tideflow.runtime.distributed import DistInfo
 from tideflow.runtime.gang_commit import GangCommit
+from tideflow.runtime.pinned import HostSnapshot
 
 log = logging.getLogger("tideflow.runtime")
 
@@ -39,28 +42,6 @@ def _serialise(obj: Any) -> bytes:
 def _load(data: bytes) -> Any:
     # weights_only: a checkpoint never unpickles arbitrary objects
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-
-
-class _Snapshot:
-    """Reusable CPU copies of a nested state (dicts/lists of tensors and plain values)."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[str, torch.Tensor] = {}
-
-    def copy(self, obj: Any, path: str = "") -> Any:
-        if isinstance(obj, torch.Tensor):
-            source = obj.detach()
-            buffer = self.buffers.get(path)
-            if buffer is None or buffer.shape != source.shape or buffer.dtype != source.dtype:
-                buffer = torch.empty_like(source, device="cpu")
-                self.buffers[path] = buffer
-            buffer.copy_(source)
-            return buffer
-        if isinstance(obj, dict):
-            return {k: self.copy(v, f"{path}/{k}") for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self.copy(v, f"{path}/{i}") for i, v in enumerate(obj))
-        return obj
 
 
 class AsyncCheckpointer:
@@ -77,7 +58,7 @@ class AsyncCheckpointer:
         self.last_committed: Manifest | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._snapshots = (_Snapshot(), _Snapshot())
+        self._snapshots = (HostSnapshot(), HostSnapshot())
         self.gang_commit = GangCommit(manager, rank=dist.rank, world_size=dist.world_size)
 
     # -- saving --------------------------------------------------------------------

@@ -607,7 +607,7 @@ def async_save_sharded(
             lambda: dcp_async_save(
                 state_dict,
                 storage_writer=writer,
-                async_stager=_background.stagers.next(),
+                async_stager=_background.stagers.next(state_dict),
                 process_group=group,
                 no_dist=not _distributed(),
             ),
