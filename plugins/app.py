@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from airflow.api_fastapi.app import get_auth_manager
@@ -117,9 +118,66 @@ def _window(points: list[Any], now: float) -> tuple[float, float]:
 
 def build_overview(user: Any) -> Overview:
     from tideflow.config import Settings
-    from tideflow.tracking import mlflow_ui_base, tracking_enabled
+    from tideflow.tracking import mlflow_ui_base
 
-    problems = []
+    problems: list[str] = []
+    airflow_part, viewer = _airflow_part(user)
+    mlflow_runs, model_rows = _mlflow_part(airflow_part, viewer, problems)
+    settings = Settings.from_env()
+    ledger, cluster, now = settings.ledger_path, settings.cluster, time.time()
+    since = now - USAGE_WINDOW_DAYS * 86400
+
+    def read(what: str, call: Callable[[], _R]) -> _R | None:
+        # each part the page cannot read is one line on it; the rest still shows
+        try:
+            return call()
+        except Exception as exc:
+            problems.append(f"{what} could not be read: {exc}")
+            return None
+
+    usage = read("the lease ledger", lambda: device_usage(ledger, since, cluster, viewer=viewer))
+    journal = settings.broker_journal_path
+    broker = (
+        read("the broker's state", lambda: broker_timeline(journal, now - 86400))
+        if viewer.broker
+        else None
+    )
+    leases = read("the leases", lambda: current_leases(ledger, cluster, now, viewer=viewer))
+    quotas = read("the teams' quotas", lambda: team_quotas(ledger, cluster, now, viewer=viewer))
+    teams, declared = quotas or ([], False)
+    queue, preemptions = read(
+        "the queue",
+        lambda: (
+            gang_queue(ledger, cluster, now, viewer=viewer),
+            preemption_journal(ledger, cluster, since, viewer=viewer),
+        ),
+    ) or ([], [])
+    return Overview(
+        teams=tuple(teams),
+        teams_declared=declared,
+        budget_month=dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m"),
+        queue=tuple(queue),
+        preemptions=tuple(preemptions),
+        generated_at=_when(dt.datetime.now(dt.UTC)) or "",
+        broker=tuple(broker or ()),
+        broker_window=_window(broker or [], now) if viewer.broker and journal.exists() else None,
+        broker_shown=viewer.broker,
+        leases=tuple(leases or ()),
+        pipelines=_pipeline_rows(airflow_part, mlflow_runs),
+        champions=tuple(model_rows),
+        usage=tuple(usage or ()),
+        usage_window_days=USAGE_WINDOW_DAYS,
+        mlflow_url=mlflow_ui_base(),
+        problems=tuple(problems),
+    )
+
+
+_R = TypeVar("_R")
+_AirflowPart = list[tuple[Any, list[Any]]]  # _airflow_pipelines: each DAG with its runs
+
+
+def _airflow_part(user: Any) -> tuple[_AirflowPart, Viewer]:
+    """The pipelines ``user`` may see with their runs, and what else they may see."""
     auth = get_auth_manager()
     allowed = set(auth.get_authorized_dag_ids(user=user, method="GET"))
     airflow_part = _airflow_pipelines(allowed)
@@ -130,15 +188,31 @@ def build_overview(user: Any) -> Overview:
             auth.is_authorized_custom_view(method="GET", resource_name=BROKER_VIEW, user=user)
         ),
     )
-    mlflow_runs: dict[tuple[str, str], tuple[str, str]] = {}
-    model_rows: list[ChampionRow] = []
-    if tracking_enabled():
-        try:
-            mlflow_runs = pipeline_mlflow_runs({dag[0] for dag, _ in airflow_part})
-            model_rows, champion_problems = champions(viewer=viewer)
-            problems.extend(champion_problems)
-        except Exception as exc:  # the page still shows what Airflow knows
-            problems.append(f"MLflow could not be read: {exc}")
+    return airflow_part, viewer
+
+
+def _mlflow_part(
+    airflow_part: _AirflowPart, viewer: Viewer, problems: list[str]
+) -> tuple[dict[tuple[str, str], tuple[str, str]], list[ChampionRow]]:
+    """The MLflow run of each pipeline run, and the registered models' champions."""
+    from tideflow.tracking import tracking_enabled
+
+    if not tracking_enabled():
+        return {}, []
+    runs: dict[tuple[str, str], tuple[str, str]] = {}
+    try:
+        runs = pipeline_mlflow_runs({dag[0] for dag, _ in airflow_part})
+        model_rows, champion_problems = champions(viewer=viewer)
+    except Exception as exc:  # the page still shows what Airflow knows
+        problems.append(f"MLflow could not be read: {exc}")
+        return runs, []
+    problems.extend(champion_problems)
+    return runs, model_rows
+
+
+def _pipeline_rows(
+    airflow_part: _AirflowPart, mlflow_runs: dict[tuple[str, str], tuple[str, str]]
+) -> tuple[PipelineRow, ...]:
     pipelines = []
     for (dag_id, team, paused), runs in airflow_part:
         rows = []
@@ -156,63 +230,7 @@ def build_overview(user: Any) -> Overview:
                 )
             )
         pipelines.append(PipelineRow(dag_id, team, paused, tuple(rows)))
-    settings = Settings.from_env()
-    try:
-        usage = device_usage(
-            settings.ledger_path,
-            time.time() - USAGE_WINDOW_DAYS * 86400,
-            settings.cluster,
-            viewer=viewer,
-        )
-    except Exception as exc:
-        problems.append(f"the lease ledger could not be read: {exc}")
-        usage = []
-    now = time.time()
-    journal = settings.broker_journal_path
-    try:
-        broker = broker_timeline(journal, now - 86400) if viewer.broker else []
-    except Exception as exc:
-        problems.append(f"the broker's state could not be read: {exc}")
-        broker = []
-    try:
-        leases = current_leases(settings.ledger_path, settings.cluster, now, viewer=viewer)
-    except Exception as exc:
-        problems.append(f"the leases could not be read: {exc}")
-        leases = []
-    try:
-        teams, declared = team_quotas(settings.ledger_path, settings.cluster, now, viewer=viewer)
-    except Exception as exc:
-        problems.append(f"the teams' quotas could not be read: {exc}")
-        teams, declared = [], False
-    try:
-        queue = gang_queue(settings.ledger_path, settings.cluster, now, viewer=viewer)
-        preemptions = preemption_journal(
-            settings.ledger_path,
-            settings.cluster,
-            now - USAGE_WINDOW_DAYS * 86400,
-            viewer=viewer,
-        )
-    except Exception as exc:
-        problems.append(f"the queue could not be read: {exc}")
-        queue, preemptions = [], []
-    return Overview(
-        teams=tuple(teams),
-        teams_declared=declared,
-        budget_month=dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m"),
-        queue=tuple(queue),
-        preemptions=tuple(preemptions),
-        generated_at=_when(dt.datetime.now(dt.UTC)) or "",
-        broker=tuple(broker),
-        broker_window=_window(broker, now) if viewer.broker and journal.exists() else None,
-        broker_shown=viewer.broker,
-        leases=tuple(leases),
-        pipelines=tuple(pipelines),
-        champions=tuple(model_rows),
-        usage=tuple(usage),
-        usage_window_days=USAGE_WINDOW_DAYS,
-        mlflow_url=mlflow_ui_base(),
-        problems=tuple(problems),
-    )
+    return tuple(pipelines)
 
 
 @app.get("/", response_class=HTMLResponse)
