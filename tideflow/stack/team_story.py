@@ -30,8 +30,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tideflow.backends.protocol import GangJob, WorkerSlot
+
+if TYPE_CHECKING:
+    from tideflow.backends.local import LocalBackend
+    from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
 LAB_CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "lab-cluster.yaml"
 # a training gang of the digits pipeline (team vision): who may read that DAG sees it
@@ -123,9 +128,8 @@ def run_team_story(
     its state. Stops the gang if the story does not complete within ``timeout_s``."""
     from tideflow.backends.local import LocalBackend
     from tideflow.broker.local import INFERENCE_PREFIX
-    from tideflow.checkpoint import CheckpointManager
     from tideflow.gangs import open_ledger
-    from tideflow.scheduling import GangRequest, Lease
+    from tideflow.scheduling import GangRequest
 
     ledger = open_ledger(home / "leases.db", str(LAB_CLUSTER))
     backend = LocalBackend(home / "gangs")
@@ -149,34 +153,13 @@ def run_team_story(
             runs += 1
             say(f"  broker run {runs}: {state}; inference holds {inference()} GPU(s)")
             if not started:
-                lease = ledger.try_acquire(request, "team-story", 3600)
-                if isinstance(lease, Lease):
-                    borrowed = lease.borrowed
-                    say(
-                        f"  vision's gang starts on {lease.devices} GPUs: "
-                        f"{lease.devices - lease.borrowed} of its own quota, {lease.borrowed} "
-                        f"borrowed from {lease.lender or 'nobody'}"
-                    )
-                    backend.submit(_gang_job(home, lease.lease_id, lease.workers, checkpoints))
-                    started = True
-                else:
-                    ledger.forget(request.gang_id)  # asked again after the next broker run
+                lease = _start_gang(ledger, backend, request, home, checkpoints, say)
+                started, borrowed = lease is not None, lease.borrowed if lease else 0
                 continue
             reason = evicted()
             if reason:
-                status = backend.wait(GANG_ID, 120)
-                latest = CheckpointManager(checkpoints).latest()
-                say(f"  the ledger stopped vision's gang: {reason}")
-                say(
-                    f"  it ended {status.state.value} (checkpoint at step "
-                    f"{latest.step if latest else '-'}); its operator would ask again:"
-                )
-                again = ledger.try_acquire(request, "team-story", 3600)
-                if isinstance(again, Lease):  # the demo stops here: give them back
-                    say(f"    granted {again.devices} GPU(s) (what inference lends now)")
-                else:
-                    say(f"    it waits: {again.reason}")
-                return StoryResult(borrowed, reason, latest.step if latest else None, runs)
+                step = _after_eviction(ledger, backend, request, checkpoints, reason, say)
+                return StoryResult(borrowed, reason, step, runs)
         return StoryResult(borrowed, evicted(), None, runs)
     finally:
         running = backend.status(GANG_ID)
@@ -185,3 +168,56 @@ def run_team_story(
         held = ledger.lease_for(GANG_ID)
         if held is not None and held.holder == "team-story":
             ledger.release(held.lease_id)
+
+
+def _start_gang(  # noqa: PLR0917 (the story's parts, passed along)
+    ledger: LeaseLedger,
+    backend: LocalBackend,
+    request: GangRequest,
+    home: Path,
+    checkpoints: str,
+    say: Callable[[str], None],
+) -> Lease | None:
+    """vision's gang started on the lease the ledger grants it now; None when it must wait
+    (it asks again after the next broker run)."""
+    from tideflow.scheduling import Lease
+
+    lease = ledger.try_acquire(request, "team-story", 3600)
+    if not isinstance(lease, Lease):
+        ledger.forget(request.gang_id)
+        return None
+    say(
+        f"  vision's gang starts on {lease.devices} GPUs: "
+        f"{lease.devices - lease.borrowed} of its own quota, {lease.borrowed} "
+        f"borrowed from {lease.lender or 'nobody'}"
+    )
+    backend.submit(_gang_job(home, lease.lease_id, lease.workers, checkpoints))
+    return lease
+
+
+def _after_eviction(  # noqa: PLR0917 (the story's parts, passed along)
+    ledger: LeaseLedger,
+    backend: LocalBackend,
+    request: GangRequest,
+    checkpoints: str,
+    reason: str,
+    say: Callable[[str], None],
+) -> int | None:
+    """How the stopped gang ended and what its operator would be granted asking again;
+    the step of its newest checkpoint."""
+    from tideflow.checkpoint import CheckpointManager
+    from tideflow.scheduling import Lease
+
+    status = backend.wait(GANG_ID, 120)
+    latest = CheckpointManager(checkpoints).latest()
+    say(f"  the ledger stopped vision's gang: {reason}")
+    say(
+        f"  it ended {status.state.value} (checkpoint at step "
+        f"{latest.step if latest else '-'}); its operator would ask again:"
+    )
+    again = ledger.try_acquire(request, "team-story", 3600)
+    if isinstance(again, Lease):  # the demo stops here: give them back
+        say(f"    granted {again.devices} GPU(s) (what inference lends now)")
+    else:
+        say(f"    it waits: {again.reason}")
+    return latest.step if latest else None
