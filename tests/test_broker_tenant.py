@@ -28,7 +28,7 @@ from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.broker import Action
 from tideflow.broker.local import INFERENCE_PREFIX, LocalActuator
-from tideflow.broker.policy import Decision
+from tideflow.broker.policy import BrokerDecision
 from tideflow.broker.service import BrokerSettings, open_local
 from tideflow.checkpoint import CheckpointManager
 from tideflow.inventory import load_cluster
@@ -56,9 +56,9 @@ def ledger_for(tmp_path: Path, text: str = LAB) -> LeaseLedger:
     return LeaseLedger(tmp_path / "leases.db", load_cluster(cluster))
 
 
-def to(gpus: int) -> Decision:
+def to(gpus: int) -> BrokerDecision:
     action = Action.GROW if gpus else Action.LEND
-    return Decision(action, gpus, None, None, reason=f"test: inference to {gpus}")
+    return BrokerDecision(action, gpus, None, None, reason=f"test: inference to {gpus}")
 
 
 def test_lent_gpus_are_borrowed_under_the_rules_and_reclaimed_with_a_checkpoint(

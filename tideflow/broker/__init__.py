@@ -18,7 +18,7 @@ from tideflow.broker.load import (
 )
 from tideflow.broker.policy import (
     Action,
-    Decision,
+    BrokerDecision,
     GangView,
     PolicyConfig,
     Reclaim,
@@ -30,7 +30,7 @@ from tideflow.broker.simulate import SimulationConfig, SimulationResult, simulat
 
 __all__ = [
     "Action",
-    "Decision",
+    "BrokerDecision",
     "Forecast",
     "GangView",
     "JobSpec",

@@ -44,7 +44,7 @@ from tideflow.broker.kube_target import (
     target_from_env,
 )
 from tideflow.broker.kube_tenant import InferenceTenant, pool_model
-from tideflow.broker.policy import Decision, GangView
+from tideflow.broker.policy import BrokerDecision, GangView
 from tideflow.broker.tenant import ceiling, floor, governs_inference
 from tideflow.broker.volcano_stops import VolcanoStops
 from tideflow.checkpoint.recency import work_at_risk_since
@@ -254,7 +254,7 @@ class KubernetesActuator:
 
     def _grow(
         self,
-        decision: Decision,
+        decision: BrokerDecision,
         training: list[Any],
         inference: list[Any],
         *,
@@ -299,7 +299,7 @@ class KubernetesActuator:
             have -= self.pools.gpus(node)
         return have
 
-    def apply(self, decision: Decision) -> KubernetesApplied:
+    def apply(self, decision: BrokerDecision) -> KubernetesApplied:
         started = self.clock()
         nodes = self.gpu_nodes()
         total = sum(self.pools.gpus(n) for n in nodes)

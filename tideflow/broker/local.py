@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from tideflow.backends.protocol import Backend
 from tideflow.broker.calibrate import TrainingWork
 from tideflow.broker.journal import PreemptionCount
-from tideflow.broker.policy import Decision, GangView
+from tideflow.broker.policy import BrokerDecision, GangView
 from tideflow.broker.tenant import INFERENCE_PRIORITY, capped, ceiling, governs_inference
 from tideflow.broker.tenant import INFERENCE_TEAM as INFERENCE_TEAM  # noqa: PLC0414 (tideflow.ui)
 from tideflow.checkpoint.recency import work_at_risk_since, work_lost_at
@@ -228,7 +228,7 @@ class LocalActuator:
         )
         self.ledger.release(lease.lease_id, lost_s=lost)
 
-    def apply(self, decision: Decision) -> Applied:
+    def apply(self, decision: BrokerDecision) -> Applied:
         if self.tenant:
             return self._apply_as_tenant(decision)
         started = self.clock()
@@ -278,7 +278,7 @@ class LocalActuator:
             + (f"; forced {', '.join(forced)} after {self.grace_s:.0f} s" if forced else ""),
         )
 
-    def _ask_to_stop(self, decision: Decision) -> list[str]:
+    def _ask_to_stop(self, decision: BrokerDecision) -> list[str]:
         """The gangs the decision reclaims, each evicted in the ledger and asked to
         checkpoint and stop."""
         victims = [r.gang_id for r in decision.reclaims]
@@ -318,7 +318,7 @@ class LocalActuator:
     def _wall(self) -> float:
         return self.ledger.clock()  # eviction deadlines are on the ledger's clock
 
-    def _apply_as_tenant(self, decision: Decision) -> Applied:
+    def _apply_as_tenant(self, decision: BrokerDecision) -> Applied:
         """Grow by asking the ledger for reservations within inference's quota; the
         ledger reclaims what other teams borrowed of it, with their rules' grace."""
         started = self.clock()

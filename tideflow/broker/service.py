@@ -19,7 +19,7 @@ from typing import Any
 from tideflow.broker.actuator import Actuator, TenantActuator
 from tideflow.broker.calibrate import LostWorkBudget, SloCalibration, scaled
 from tideflow.broker.forecast import LoadForecaster, clean_outages
-from tideflow.broker.journal import DecisionJournal, JournalEntry
+from tideflow.broker.journal import DecisionJournal, DecisionRecord
 from tideflow.broker.load import LoadSource, ServedWindow
 from tideflow.broker.load import LoadSourceError as LoadSourceError  # noqa: PLC0414 (callers)
 from tideflow.broker.opening import (
@@ -33,7 +33,7 @@ from tideflow.broker.opening import (
     served,
     within_inference_quota,
 )
-from tideflow.broker.policy import Decision, PolicyConfig, Snapshot, decide, sizing
+from tideflow.broker.policy import BrokerDecision, PolicyConfig, Snapshot, decide, sizing
 from tideflow.broker.settings import BrokerSettings, load_source_from
 from tideflow.broker.throughput import Served, Throughput, ThroughputLearner, recorded
 
@@ -84,7 +84,7 @@ BUDGET_S = 7 * 86400.0  # the past span whose lost and trained GPU-time the budg
 LATENCY_SETTLE_S = 900.0
 
 
-def coverage(entries: list[JournalEntry], window_s: float) -> list[bool]:
+def coverage(entries: list[DecisionRecord], window_s: float) -> list[bool]:
     """Per load window, oldest first: did the inference GPUs held cover the load measured?
 
     Each decision records the need measured over the window before it; the
@@ -111,7 +111,7 @@ def coverage(entries: list[JournalEntry], window_s: float) -> list[bool]:
 
 def served_windows(
     load: LoadSource,
-    entries: Sequence[JournalEntry],
+    entries: Sequence[DecisionRecord],
     start_s: float,
     now_s: float,
     settle_s: float = 0.0,
@@ -253,7 +253,7 @@ def peek(
     config: PolicyConfig,
     journal: DecisionJournal,
     now_s: float | None = None,
-) -> Decision:
+) -> BrokerDecision:
     """What the broker would decide now, without acting or recording (for sensors)."""
     now = time.time() if now_s is None else now_s
     decision, _ = _decided(load, actuator, config, journal, now)
@@ -266,7 +266,7 @@ def _decided(
     config: PolicyConfig,
     journal: DecisionJournal,
     now_s: float,
-) -> tuple[Decision, Snapshot]:
+) -> tuple[BrokerDecision, Snapshot]:
     """The decision now and what it was made from, its reason saying which per-GPU
     throughput and lend bound it was made with."""
     config, learned = with_learned_throughput(load, config, journal, now_s)
@@ -287,7 +287,7 @@ class Step:
     run) and what the decision was made from."""
 
     now_s: float
-    decision: Decision
+    decision: BrokerDecision
     applied: Any
     snapshot: Snapshot
     config: PolicyConfig
@@ -318,7 +318,7 @@ def rebalance_once(
     now_s: float | None = None,
     *,
     act: bool = True,
-) -> tuple[Decision, Any]:
+) -> tuple[BrokerDecision, Any]:
     step = rebalance_step(load, actuator, config, journal, now_s, act=act)
     return step.decision, step.applied
 
