@@ -23,6 +23,7 @@ from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.fake import documents
 from tests.kubefake.volcano_queue_webhook import validate_queue
 from tideflow.broker import Action, BrokerDecision, Reclaim, decide
+from tideflow.broker.actuator import Applied
 from tideflow.broker.kubernetes import (
     ClusterTarget,
     KubernetesActuator,
@@ -219,6 +220,7 @@ def test_growing_evicts_through_the_eviction_api_then_moves_whole_nodes(
         api, target, grace_s=30, retry_s=0.01, sleep=lambda _s: fake.allow_disruptions(2)
     )
     applied = actuator.apply(grow_to(16, "job-a"))
+    assert isinstance(applied, Applied)  # the one result type of both actuators
     assert applied.inference_gpus == 16 and applied.inference_nodes == ("gpu-0", "gpu-1")
     assert sorted(applied.evicted_pods) == ["job-a-worker-0", "job-a-worker-1"]
     fake.fake.pods.finish_terminating(NS)

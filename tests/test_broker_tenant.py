@@ -27,6 +27,7 @@ from tests.test_runtime_distributed import (
 from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.broker import Action
+from tideflow.broker.actuator import Applied
 from tideflow.broker.local import INFERENCE_PREFIX, LocalActuator
 from tideflow.broker.policy import BrokerDecision
 from tideflow.broker.service import BrokerSettings, open_local
@@ -89,6 +90,7 @@ def test_lent_gpus_are_borrowed_under_the_rules_and_reclaimed_with_a_checkpoint(
     # reclaim. The ledger asks the borrowing gang to stop (not the actuator's own
     # grace of 1 s: the rule's 2 minutes), it checkpoints and exits resumable.
     applied = actuator.apply(to(2))
+    assert isinstance(applied, Applied)  # the one result type of both actuators
     assert applied.complete and applied.inference_gpus == 2
     assert applied.preempted == ("digits-train",) and applied.forced == ()
     status = backend.status("digits-train")

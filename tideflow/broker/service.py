@@ -14,9 +14,8 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from tideflow.broker.actuator import Actuator, TenantActuator
+from tideflow.broker.actuator import Actuator, Applied, TenantActuator
 from tideflow.broker.calibrate import LostWorkBudget, SloCalibration, scaled
 from tideflow.broker.forecast import LoadForecaster, clean_outages
 from tideflow.broker.journal import DecisionJournal, DecisionRecord
@@ -288,7 +287,7 @@ class Step:
 
     now_s: float
     decision: BrokerDecision
-    applied: Any
+    applied: Applied | None
     snapshot: Snapshot
     config: PolicyConfig
 
@@ -318,7 +317,7 @@ def rebalance_once(
     now_s: float | None = None,
     *,
     act: bool = True,
-) -> tuple[BrokerDecision, Any]:
+) -> tuple[BrokerDecision, Applied | None]:
     step = rebalance_step(load, actuator, config, journal, now_s, act=act)
     return step.decision, step.applied
 
