@@ -22,6 +22,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
 from tideflow.operators.entrypoints import EntryPointRunner
+from tideflow.operators.trigger_base import TriggerStatus
 from tideflow.operators.triggers import DeviceTrigger
 from tideflow.steps.entrypoints import StepError
 from tideflow.steps.evaluation import (
@@ -134,7 +135,7 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
     def device_granted(self, context: Context, event: dict[str, Any]) -> Any:
         from tideflow.gangs import open_ledger
 
-        if event["status"] != "granted":
+        if event["status"] != TriggerStatus.GRANTED:
             raise AirflowException(f"tideflow: no device for the evaluation: {event['reason']}")
         lease = None
         if event["device_class"] != "cpu":

@@ -27,7 +27,7 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
-from tideflow.operators.triggers import ClusterGangTrigger, GangTrigger, LeaseTrigger
+from tideflow.operators.triggers import ClusterGangTrigger, GangTrigger, LeaseTrigger, TriggerStatus
 
 DEFAULT_WAIT_S = 7 * 24 * 3600
 
@@ -269,9 +269,9 @@ class GangTrainingOperator(TideflowOperator):
     def lease_granted(self, context: Context, event: dict[str, Any]) -> Any:
         from tideflow.gangs import open_ledger
 
-        if event["status"] == "never":
+        if event["status"] == TriggerStatus.NEVER:
             raise AirflowFailException(f"tideflow: gang can never be placed: {event['reason']}")
-        if event["status"] == "timeout":
+        if event["status"] == TriggerStatus.TIMEOUT:
             raise AirflowException(
                 self._timed_out_message(f"still waiting for devices ({event['reason']})")
             )
@@ -436,10 +436,10 @@ class GangTrainingOperator(TideflowOperator):
         ledger_path, _, cluster = self._paths()
         ledger = None if self._on_cluster() else open_ledger(ledger_path, cluster)
         lease = ledger.lease_for(gang_id) if ledger is not None else None
-        if event["status"] == "unknown":
+        if event["status"] == TriggerStatus.UNKNOWN:
             raise AirflowException(f"tideflow: the backend does not know gang {gang_id}")
         status = GangStatus.from_json(event["gang"])
-        if event["status"] == "timeout":
+        if event["status"] == TriggerStatus.TIMEOUT:
             raise AirflowException(self._timed_out_message(self._stop_gang(gang_id)))
         if ledger is not None and lease is not None:
             self._release(gang_id, lease)
