@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from tideflow import settings_registry as registry
 from tideflow.operators.broker_triggers import BrokerDecisionTrigger, CapacityTrigger
+from tideflow.operators.hook import TideflowHook
 from tideflow.operators.settings_check import check_settings_at_start, settings_fail_the_task
 from tideflow.operators.trigger_base import TriggerStatus
 
@@ -25,12 +26,11 @@ def _state() -> tuple[dict[str, Any], str, str, str | None]:
     from dataclasses import asdict
 
     from tideflow.broker.settings import BrokerSettings
-    from tideflow.config import Settings
 
     with settings_fail_the_task():  # a setting it cannot use: one message, final
         registry.check_set("broker")
         settings = BrokerSettings.from_env()
-        paths = Settings.from_env()
+        paths = TideflowHook().settings()
     if settings is None:
         raise AirflowException(
             "tideflow broker: TIDEFLOW_BROKER_LOAD is not set (trace:PATH.csv, "
