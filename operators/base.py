@@ -7,7 +7,7 @@ from typing import Any
 import jinja2
 from airflow.sdk import BaseOperator, Context
 
-from tideflow.config import Settings
+from tideflow.operators.hook import TideflowHook
 from tideflow.operators.links import MLFLOW_RUN_URL_KEY, MlflowRunLink
 from tideflow.operators.settings_check import check_settings_at_start
 from tideflow.operators.templating import render_typed, template_env
@@ -44,6 +44,11 @@ class TideflowOperator(BaseOperator):
         # yield values, which the DAG's (sandboxed, text) environment cannot.
         super().render_template_fields(context, template_env())
 
+    @property
+    def hook(self) -> TideflowHook:
+        """Where the step reads the platform's settings and opens the lease ledger."""
+        return TideflowHook()
+
     def pre_execute(self, context: Any) -> None:
         """A setting the step cannot use fails it here, named (``settings_check``)."""
         check_settings_at_start()
@@ -52,7 +57,7 @@ class TideflowOperator(BaseOperator):
         return render_typed(template, context)
 
     def step_context(self, context: Context, outputs: tuple[str, ...] = ()) -> StepContext:
-        settings = Settings.from_env()
+        settings = self.hook.settings()
         ti = context["ti"]
         params = {key: _plain(value) for key, value in dict(context["params"]).items()}
         return StepContext(

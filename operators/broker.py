@@ -17,19 +17,20 @@ from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from tideflow import settings_registry as registry
 from tideflow.operators.broker_triggers import BrokerDecisionTrigger, CapacityTrigger
+from tideflow.operators.hook import TideflowHook
 from tideflow.operators.settings_check import check_settings_at_start, settings_fail_the_task
+from tideflow.operators.trigger_base import TriggerStatus
 
 
 def _state() -> tuple[dict[str, Any], str, str, str | None]:
     from dataclasses import asdict
 
     from tideflow.broker.settings import BrokerSettings
-    from tideflow.config import Settings
 
     with settings_fail_the_task():  # a setting it cannot use: one message, final
         registry.check_set("broker")
         settings = BrokerSettings.from_env()
-        paths = Settings.from_env()
+        paths = TideflowHook().settings()
     if settings is None:
         raise AirflowException(
             "tideflow broker: TIDEFLOW_BROKER_LOAD is not set (trace:PATH.csv, "
@@ -79,7 +80,7 @@ class InferenceLoadSensor(BaseSensorOperator):
         )
 
     def load_changed(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        if event["status"] != "act":
+        if event["status"] != TriggerStatus.ACT:
             raise AirflowSkipException(f"tideflow broker: nothing to do ({event['reason']})")
         self.log.info("tideflow broker: %s: %s", event["action"], event["reason"])
         return event
@@ -162,9 +163,9 @@ class GpuCapacitySensor(BaseSensorOperator):
     def poke(self, context: Context) -> bool:
         ledger, cluster = self._paths()
         outcome = CapacityTrigger.check(self.request, ledger, cluster)
-        if outcome["status"] == "never":
+        if outcome["status"] == TriggerStatus.NEVER:
             raise AirflowException(f"tideflow: {outcome['reason']}")
-        return outcome["status"] == "available"
+        return outcome["status"] == TriggerStatus.AVAILABLE
 
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
@@ -182,6 +183,6 @@ class GpuCapacitySensor(BaseSensorOperator):
         )
 
     def capacity_ready(self, context: Context, event: dict[str, Any]) -> None:
-        if event["status"] != "available":
+        if event["status"] != TriggerStatus.AVAILABLE:
             raise AirflowException(f"tideflow: no capacity for the gang: {event['reason']}")
         self.log.info("tideflow: capacity for the gang: %s", event["reason"])

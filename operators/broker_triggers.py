@@ -1,21 +1,21 @@
-"""Triggers of the broker's sensors. Deadlines are absolute (epoch seconds), so a trigger
-resumed by another triggerer after a restart does not get its waiting time back."""
+"""Triggers of the broker's sensors, stored by Airflow as
+``tideflow.operators.broker_triggers.<class>``; their deadlines are absolute
+(``tideflow.operators.trigger_base``)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from tideflow.operators.trigger_base import PollingTrigger, TriggerStatus, refused
 
 MODULE = "tideflow.operators.broker_triggers"
 
 
-class BrokerDecisionTrigger(BaseTrigger):
+class BrokerDecisionTrigger(PollingTrigger):
     """Fires when the broker's policy, run on the current load, wants to act."""
+
+    classpath_module: ClassVar[str] = MODULE
 
     def __init__(
         self,
@@ -35,16 +35,6 @@ class BrokerDecisionTrigger(BaseTrigger):
         self.deadline = deadline
         self.poll_s = poll_s
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{MODULE}.BrokerDecisionTrigger", {
-            "settings": self.settings,
-            "ledger_path": self.ledger_path,
-            "journal_path": self.journal_path,
-            "cluster_file": self.cluster_file,
-            "deadline": self.deadline,
-            "poll_s": self.poll_s,
-        }
-
     @staticmethod
     def decide_now(
         settings: dict[str, Any], ledger: str, journal: str, cluster: str | None
@@ -63,26 +53,21 @@ class BrokerDecisionTrigger(BaseTrigger):
             "reason": decision.reason,
         }
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        while True:
-            event = await asyncio.to_thread(
-                self.decide_now,
-                self.settings,
-                self.ledger_path,
-                self.journal_path,
-                self.cluster_file,
-            )
-            if event["action"] != "hold":
-                yield TriggerEvent({"status": "act", **event})
-                return
-            if time.time() >= self.deadline:
-                yield TriggerEvent({"status": "quiet", **event})
-                return
-            await asyncio.sleep(self.poll_s)
+    def poll(self) -> dict[str, Any]:
+        event = self.decide_now(
+            self.settings, self.ledger_path, self.journal_path, self.cluster_file
+        )
+        acts = event["action"] != "hold"
+        return {"status": TriggerStatus.ACT if acts else TriggerStatus.WAITING, **event}
+
+    def timed_out(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        return {**outcome, "status": TriggerStatus.QUIET}
 
 
-class CapacityTrigger(BaseTrigger):
+class CapacityTrigger(PollingTrigger):
     """Fires when a gang of the request's size could be placed now (reserving nothing)."""
+
+    classpath_module: ClassVar[str] = MODULE
 
     def __init__(
         self,
@@ -100,15 +85,6 @@ class CapacityTrigger(BaseTrigger):
         self.deadline = deadline
         self.poll_s = poll_s
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{MODULE}.CapacityTrigger", {
-            "request": self.request,
-            "ledger_path": self.ledger_path,
-            "cluster_file": self.cluster_file,
-            "deadline": self.deadline,
-            "poll_s": self.poll_s,
-        }
-
     @staticmethod
     def check(request: dict[str, Any], ledger: str, cluster: str | None) -> dict[str, Any]:
         from tideflow.gangs import open_ledger, request_from_dict
@@ -118,18 +94,9 @@ class CapacityTrigger(BaseTrigger):
         wanted = request_from_dict(request)
         placed = place(wanted, book.inventory, book.used_devices(wanted.device_class))
         if isinstance(placed, Refusal):
-            return {"status": "never" if placed.never else "waiting", "reason": placed.reason}
-        return {"status": "available", "reason": f"{wanted.devices} {wanted.label()} free"}
+            return refused(placed.never, placed.reason)
+        free = f"{wanted.devices} {wanted.label()} free"
+        return {"status": TriggerStatus.AVAILABLE, "reason": free}
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        while True:
-            outcome = await asyncio.to_thread(
-                self.check, self.request, self.ledger_path, self.cluster_file
-            )
-            if outcome["status"] in ("available", "never"):
-                yield TriggerEvent(outcome)
-                return
-            if time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", "reason": outcome["reason"]})
-                return
-            await asyncio.sleep(self.poll_s)
+    def poll(self) -> dict[str, Any]:
+        return self.check(self.request, self.ledger_path, self.cluster_file)

@@ -14,7 +14,6 @@ with the checkpoint and how it was chosen (promotion promotes that checkpoint).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Context
@@ -22,6 +21,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
 from tideflow.operators.entrypoints import EntryPointRunner
+from tideflow.operators.trigger_base import TriggerStatus
 from tideflow.operators.triggers import DeviceTrigger
 from tideflow.steps.entrypoints import StepError
 from tideflow.steps.evaluation import (
@@ -71,10 +71,9 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
         self.wait_timeout_s = wait_timeout_s
 
     def _ledger_args(self, context: Context) -> dict[str, Any]:
-        from tideflow.config import Settings
         from tideflow.gangs import gang_id_for, holder_name
 
-        settings = Settings.from_env()
+        settings = self.hook.settings()
         return {
             "gang_id": gang_id_for(self.dag_id, context["run_id"], self.task_id),
             "team": self.team,
@@ -84,11 +83,9 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
         }
 
     def execute(self, context: Context) -> Any:
-        from tideflow.config import Settings
-        from tideflow.gangs import open_ledger
         from tideflow.scheduling import Refusal, choose_device
 
-        settings = Settings.from_env()
+        settings = self.hook.settings()
         if settings.backend == "kubernetes":
             # The task pod was made with the device (tideflow.kube.pods.task_pod);
             # the cluster's scheduler, not the lease ledger, waited for it.
@@ -100,7 +97,7 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
             return self._evaluate(context, where, where.split("-")[0], None)
 
         ledger_args = self._ledger_args(context)
-        ledger = open_ledger(Path(ledger_args["ledger_path"]), ledger_args["cluster_file"])
+        ledger = self.hook.ledger()
         choice = choose_device(
             ledger,
             self.devices,
@@ -132,16 +129,11 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
         )
 
     def device_granted(self, context: Context, event: dict[str, Any]) -> Any:
-        from tideflow.gangs import open_ledger
-
-        if event["status"] != "granted":
+        if event["status"] != TriggerStatus.GRANTED:
             raise AirflowException(f"tideflow: no device for the evaluation: {event['reason']}")
         lease = None
         if event["device_class"] != "cpu":
-            where = self._ledger_args(context)
-            lease = open_ledger(Path(where["ledger_path"]), where["cluster_file"]).lease_for(
-                where["gang_id"]
-            )
+            lease = self.hook.ledger().lease_for(self._ledger_args(context)["gang_id"])
             if lease is None:
                 raise AirflowException("tideflow: the granted device lease expired")
         return self._evaluate(context, event["preference"], event["device_class"], lease)
@@ -169,7 +161,7 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
     def _evaluate(
         self, context: Context, preference: str, device_class: str, lease: Any
     ) -> dict[str, Any]:
-        from tideflow.gangs import machine_has, open_ledger
+        from tideflow.gangs import machine_has
 
         emulated = not machine_has(device_class)
         env = {
@@ -203,10 +195,7 @@ class EvaluationOperator(EntryPointRunner, TideflowOperator):
             raise
         finally:
             if lease is not None:
-                where_args = self._ledger_args(context)
-                open_ledger(Path(where_args["ledger_path"]), where_args["cluster_file"]).release(
-                    lease.lease_id
-                )
+                self.hook.ledger().release(lease.lease_id)
         finish_tracking(
             self,
             run_id,

@@ -27,7 +27,7 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
-from tideflow.operators.triggers import ClusterGangTrigger, GangTrigger, LeaseTrigger
+from tideflow.operators.triggers import ClusterGangTrigger, GangTrigger, LeaseTrigger, TriggerStatus
 
 DEFAULT_WAIT_S = 7 * 24 * 3600
 
@@ -103,11 +103,10 @@ class GangTrainingOperator(TideflowOperator):
     def _gang(self, context: Context) -> Any:
         """This step's gang in this run (``tideflow.gangs.resolve_gang``): one rule for its
         id, checkpoint store and environment, wherever it runs."""
-        from tideflow.config import Settings
         from tideflow.gangs import resolve_gang
         from tideflow.storage.roots import StoreRootError
 
-        settings = Settings.from_env()
+        settings = self.hook.settings()
         try:
             return resolve_gang(
                 pipeline=self.dag_id,
@@ -134,14 +133,10 @@ class GangTrainingOperator(TideflowOperator):
         }
 
     def _on_cluster(self) -> bool:
-        from tideflow.config import Settings
-
-        return Settings.from_env().backend == "kubernetes"
+        return self.hook.on_cluster()
 
     def _paths(self) -> tuple[Path, Path, str | None]:
-        from tideflow.config import Settings
-
-        settings = Settings.from_env()
+        settings = self.hook.settings()
         return settings.ledger_path, settings.gangs_dir, settings.cluster
 
     def _config(self) -> dict[str, Any]:
@@ -183,17 +178,14 @@ class GangTrainingOperator(TideflowOperator):
     def _stop_gang(self, gang_id: str) -> str:
         """Stop the gang (workers, supervisor or cluster object) and free its lease."""
         from tideflow.backends.local import LocalBackend
-        from tideflow.gangs import open_ledger
         from tideflow.gangs.control import stop_gang
 
         if self._on_cluster():
-            from tideflow.operators.cluster import cluster_backend
-
-            cluster_backend().cancel(gang_id)
+            self.hook.cluster_backend().cancel(gang_id)
             return f"gang {gang_id} deleted"
-        ledger_path, state_dir, cluster = self._paths()
+        _, state_dir, _ = self._paths()
         # its lease is freed only once none of its processes runs (gangs.control)
-        return stop_gang(gang_id, open_ledger(ledger_path, cluster), LocalBackend(state_dir))
+        return stop_gang(gang_id, self.hook.ledger(), LocalBackend(state_dir))
 
     def resume_execution(
         self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
@@ -213,7 +205,7 @@ class GangTrainingOperator(TideflowOperator):
     # -- Airflow entry points ----------------------------------------------------
     def execute(self, context: Context) -> Any:
         from tideflow.backends.local import LocalBackend
-        from tideflow.gangs import enforce_evictions, holder_name, open_ledger, request_to_dict
+        from tideflow.gangs import enforce_evictions, holder_name, request_to_dict
         from tideflow.scheduling import Lease
 
         if self._on_cluster():
@@ -229,7 +221,7 @@ class GangTrainingOperator(TideflowOperator):
                 running.state,
             )
             return self._defer_to_gang(context, gang_id)
-        ledger = open_ledger(ledger_path, cluster)
+        ledger = self.hook.ledger()
         request = self._request(context, ledger.inventory)
         result = ledger.try_acquire(request, holder_name(), 300.0)
         if isinstance(result, Lease):
@@ -267,16 +259,13 @@ class GangTrainingOperator(TideflowOperator):
             raise AirflowFailException(f"tideflow: step '{self.task_id}': {exc}") from None
 
     def lease_granted(self, context: Context, event: dict[str, Any]) -> Any:
-        from tideflow.gangs import open_ledger
-
-        if event["status"] == "never":
+        if event["status"] == TriggerStatus.NEVER:
             raise AirflowFailException(f"tideflow: gang can never be placed: {event['reason']}")
-        if event["status"] == "timeout":
+        if event["status"] == TriggerStatus.TIMEOUT:
             raise AirflowException(
                 self._timed_out_message(f"still waiting for devices ({event['reason']})")
             )
-        ledger_path, _, cluster = self._paths()
-        lease = open_ledger(ledger_path, cluster).lease_for(self._gang_id(context))
+        lease = self.hook.ledger().lease_for(self._gang_id(context))
         if lease is None:
             raise AirflowException("tideflow: the granted lease expired before the gang started")
         return self._start(context, lease)
@@ -307,10 +296,8 @@ class GangTrainingOperator(TideflowOperator):
         return self._defer_to_gang(context, job.gang_id)
 
     def _execute_on_cluster(self, context: Context) -> Any:
-        from tideflow.operators.cluster import cluster_backend
-
         gang_id = self._gang_id(context)
-        backend = cluster_backend()
+        backend = self.hook.cluster_backend()
         running = backend.reattach(gang_id)
         if running is not None:
             self.log.info(
@@ -391,14 +378,10 @@ class GangTrainingOperator(TideflowOperator):
     def _usage_tags(self, context: Context) -> dict[str, str]:
         """The gang's device-hours from the ledger, on its own quota, borrowed and lost to
         preemption (every attempt of this step's gang), for the run's cost attribution."""
-        from tideflow.gangs import open_ledger
         from tideflow.scheduling.accounting import gang_usage
 
-        ledger_path, _, cluster = self._paths()
         try:
-            split = gang_usage(
-                open_ledger(ledger_path, cluster).usage_spans(0.0), self._gang_id(context)
-            )
+            split = gang_usage(self.hook.ledger().usage_spans(0.0), self._gang_id(context))
         except Exception as exc:  # accounting must never fail a finished gang
             self.log.warning("tideflow: device-hours not read from the ledger: %s", exc)
             return {}
@@ -430,16 +413,14 @@ class GangTrainingOperator(TideflowOperator):
 
     def gang_finished(self, context: Context, event: dict[str, Any]) -> Any:
         from tideflow.backends.protocol import GangState, GangStatus
-        from tideflow.gangs import open_ledger
 
         gang_id = self._gang_id(context)
-        ledger_path, _, cluster = self._paths()
-        ledger = None if self._on_cluster() else open_ledger(ledger_path, cluster)
+        ledger = None if self._on_cluster() else self.hook.ledger()
         lease = ledger.lease_for(gang_id) if ledger is not None else None
-        if event["status"] == "unknown":
+        if event["status"] == TriggerStatus.UNKNOWN:
             raise AirflowException(f"tideflow: the backend does not know gang {gang_id}")
         status = GangStatus.from_json(event["gang"])
-        if event["status"] == "timeout":
+        if event["status"] == TriggerStatus.TIMEOUT:
             raise AirflowException(self._timed_out_message(self._stop_gang(gang_id)))
         if ledger is not None and lease is not None:
             self._release(gang_id, lease)
@@ -467,11 +448,10 @@ class GangTrainingOperator(TideflowOperator):
         """Free the ended gang's lease, once none of its processes runs: the workers
         of a supervisor that died outlive it, and are killed first."""
         from tideflow.backends.local import LocalBackend
-        from tideflow.gangs import open_ledger
 
-        ledger_path, state_dir, cluster = self._paths()
+        _, state_dir, _ = self._paths()
         if LocalBackend(state_dir).kill(gang_id):
-            open_ledger(ledger_path, cluster).release(lease.lease_id)
+            self.hook.ledger().release(lease.lease_id)
         else:
             self.log.warning(
                 "tideflow: some processes of gang %s would not die: its lease is kept "

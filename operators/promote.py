@@ -66,7 +66,6 @@ class PromoteCheckpointOperator(EntryPointRunner, TideflowOperator):
         return dict(context["ti"].xcom_pull(task_ids=task) or {})
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from tideflow.config import Settings
         from tideflow.promotion import registry
         from tideflow.promotion.promote import PromotionError, PromotionRequest, promote
         from tideflow.tracking import tracking_enabled
@@ -115,7 +114,7 @@ class PromoteCheckpointOperator(EntryPointRunner, TideflowOperator):
             trained=trained,
             run_id=run_id,
             who=f"{getpass.getuser()} via Airflow {self.dag_id}/{ctx.run_id}/{self.task_id}",
-            artifact_root=Settings.from_env().artifact_root,
+            artifact_root=self.hook.settings().artifact_root,
             builder=self.builder,
             builder_args=self.args,
             lineage=lineage,

@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tideflow import settings_registry as registry
 from tideflow.config import ConfigError, Settings
+from tideflow.operators.hook import TideflowHook
 
 
 @contextlib.contextmanager
@@ -30,7 +31,7 @@ def check_settings_at_start(*more: Callable[[], object]) -> Settings:
     first one refused (its internals' traceback not chained: the message says it all)."""
     with settings_fail_the_task():
         registry.check_set("operator")
-        settings = Settings.from_env()
+        settings = TideflowHook().settings()
         if settings.backend == "kubernetes":
             from tideflow.kube.settings import kube_settings_from_env
 

@@ -1,8 +1,7 @@
 """Triggers that let gang steps wait without holding an Airflow worker slot.
 
-Both triggers carry absolute deadlines (epoch seconds), never relative
-timeouts: a trigger that is serialised, and resumed by another triggerer after
-a restart, must not get its waiting time back.
+Each carries an absolute deadline (``tideflow.operators.trigger_base``), and is
+stored by Airflow as ``tideflow.operators.triggers.<class>``.
 """
 
 from __future__ import annotations
@@ -11,16 +10,25 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
+
+from tideflow.operators.trigger_base import PollingTrigger, TideflowTrigger, refused
+from tideflow.operators.trigger_base import TriggerStatus as TriggerStatus  # noqa: PLC0414 (operators)
+
+if TYPE_CHECKING:
+    from tideflow.backends.local import LocalBackend
 
 MODULE = "tideflow.operators.triggers"
 
 
-class LeaseTrigger(BaseTrigger):
+class LeaseTrigger(PollingTrigger):
     """Polls the lease ledger until the gang's devices are granted, or it can never fit."""
+
+    classpath_module: ClassVar[str] = MODULE
 
     def __init__(
         self,
@@ -43,20 +51,9 @@ class LeaseTrigger(BaseTrigger):
         self.ttl_s = ttl_s
         self.deadline = deadline
         self.poll_s = poll_s
+        self._last_reason = ""
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{MODULE}.LeaseTrigger", {
-            "request": self.request,
-            "ledger_path": self.ledger_path,
-            "cluster_file": self.cluster_file,
-            "holder": self.holder,
-            "ttl_s": self.ttl_s,
-            "deadline": self.deadline,
-            "poll_s": self.poll_s,
-            "state_dir": self.state_dir,
-        }
-
-    def _try_once(self) -> dict[str, Any]:
+    def poll(self) -> dict[str, Any]:
         from tideflow.backends.local import LocalBackend
         from tideflow.gangs import enforce_evictions, open_ledger, request_from_dict
         from tideflow.scheduling import Lease
@@ -64,35 +61,32 @@ class LeaseTrigger(BaseTrigger):
         ledger = open_ledger(Path(self.ledger_path), self.cluster_file)
         result = ledger.try_acquire(request_from_dict(self.request), self.holder, self.ttl_s)
         if isinstance(result, Lease):
-            return {"status": "granted", "lease_id": result.lease_id}
-        if self.state_dir is not None and not result.never:
+            granted = {"status": TriggerStatus.GRANTED, "lease_id": result.lease_id}
+            return {**granted, "deadline": self.deadline}
+        if result.never:
+            never = {"status": TriggerStatus.NEVER, "reason": result.reason}
+            return {**never, "deadline": self.deadline}
+        if self.state_dir is not None:
             # The gangs in this one's way (if the ledger chose any) are asked to stop here.
             for step in enforce_evictions(ledger, LocalBackend(Path(self.state_dir))):
                 self.log.info(
                     "tideflow: eviction of %s: %s %s", step.gang_id, step.action, step.detail
                 )
-        return {"status": "never" if result.never else "waiting", "reason": result.reason}
+        return {"status": TriggerStatus.WAITING, "reason": result.reason}
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        last_reason = ""
-        while True:
-            outcome = await asyncio.to_thread(self._try_once)
-            if outcome["status"] in ("granted", "never"):
-                yield TriggerEvent({**outcome, "deadline": self.deadline})
-                return
-            if outcome["reason"] != last_reason:
-                self.log.info("tideflow: waiting for devices: %s", outcome["reason"])
-                last_reason = outcome["reason"]
-            if time.time() >= self.deadline:
-                yield TriggerEvent(
-                    {"status": "timeout", "reason": outcome["reason"], "deadline": self.deadline}
-                )
-                return
-            await asyncio.sleep(self.poll_s)
+    def waiting(self, outcome: dict[str, Any]) -> None:
+        if outcome["reason"] != self._last_reason:
+            self.log.info("tideflow: waiting for devices: %s", outcome["reason"])
+            self._last_reason = outcome["reason"]
+
+    def timed_out(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        return {**super().timed_out(outcome), "deadline": self.deadline}
 
 
-class GangTrigger(BaseTrigger):
+class GangTrigger(PollingTrigger):
     """Follows a running gang: streams its log into the task log, fires when it finishes."""
+
+    classpath_module: ClassVar[str] = MODULE
 
     def __init__(
         self,
@@ -110,14 +104,11 @@ class GangTrigger(BaseTrigger):
         self.poll_s = poll_s
         self.log_offset = log_offset
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{MODULE}.GangTrigger", {
-            "gang_id": self.gang_id,
-            "state_dir": self.state_dir,
-            "deadline": self.deadline,
-            "poll_s": self.poll_s,
-            "log_offset": self.log_offset,
-        }
+    @cached_property
+    def _backend(self) -> LocalBackend:
+        from tideflow.backends.local import LocalBackend
+
+        return LocalBackend(Path(self.state_dir))
 
     def _stream_log(self, path: Path) -> None:
         # How far the task log has got is kept beside the gang's log too: a trigger
@@ -142,36 +133,25 @@ class GangTrigger(BaseTrigger):
         (Not on a triggerer restart: Airflow calls this only for a user's action.)
         The gang's supervisor releases its lease as the workers stop.
         """
-        from tideflow.backends.local import LocalBackend
-
-        backend = LocalBackend(Path(self.state_dir))
-        await asyncio.to_thread(backend.cancel, self.gang_id)
+        await asyncio.to_thread(self._backend.cancel, self.gang_id)
         self.log.info("tideflow: gang %s cancelled with its task", self.gang_id)
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        from tideflow.backends.local import LocalBackend
+    def poll(self) -> dict[str, Any]:
+        status = self._backend.status(self.gang_id)
+        self._stream_log(self._backend.log_path(self.gang_id))
+        if status is None:
+            return {"status": TriggerStatus.UNKNOWN, "gang_id": self.gang_id}
+        if status.state.finished:
+            finished = {"status": TriggerStatus.FINISHED, "gang": status.to_json()}
+            return {**finished, "deadline": self.deadline}
+        return {"status": TriggerStatus.WAITING, "gang": status.to_json()}
 
-        backend = LocalBackend(Path(self.state_dir))
-        while True:
-            status = await asyncio.to_thread(backend.status, self.gang_id)
-            await asyncio.to_thread(self._stream_log, backend.log_path(self.gang_id))
-            if status is None:
-                yield TriggerEvent({"status": "unknown", "gang_id": self.gang_id})
-                return
-            if status.state.finished:
-                yield TriggerEvent(
-                    {"status": "finished", "gang": status.to_json(), "deadline": self.deadline}
-                )
-                return
-            if time.time() >= self.deadline:
-                yield TriggerEvent(
-                    {"status": "timeout", "gang": status.to_json(), "deadline": self.deadline}
-                )
-                return
-            await asyncio.sleep(self.poll_s)
+    def timed_out(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        timeout = {"status": TriggerStatus.TIMEOUT, "gang": outcome["gang"]}
+        return {**timeout, "deadline": self.deadline}
 
 
-class ClusterGangTrigger(BaseTrigger):
+class ClusterGangTrigger(TideflowTrigger):
     """Follows a gang on Kubernetes (Volcano Job or JobSet) until it finishes.
 
     Watches the object (``kubernetes_asyncio``: no thread held, no polling);
@@ -179,18 +159,13 @@ class ClusterGangTrigger(BaseTrigger):
     own output is in their pods' logs (``kubectl logs -l tideflow.io/gang=...``).
     """
 
+    classpath_module: ClassVar[str] = MODULE
+
     def __init__(self, *, gang_id: str, deadline: float, watch_s: float = 300.0) -> None:
         super().__init__()
         self.gang_id = gang_id
         self.deadline = deadline
         self.watch_s = watch_s
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{MODULE}.ClusterGangTrigger", {
-            "gang_id": self.gang_id,
-            "deadline": self.deadline,
-            "watch_s": self.watch_s,
-        }
 
     async def on_kill(self) -> None:
         """A user marked the deferred task failed, succeeded or cleared: delete the gang too."""
@@ -213,7 +188,9 @@ class ClusterGangTrigger(BaseTrigger):
                 timeout = max(1.0, min(self.watch_s, self.deadline - time.time()))
                 async for status in follow(api, settings, self.gang_id, timeout_s=timeout):
                     if status is None:
-                        yield TriggerEvent({"status": "unknown", "gang_id": self.gang_id})
+                        yield TriggerEvent(
+                            {"status": TriggerStatus.UNKNOWN, "gang_id": self.gang_id}
+                        )
                         return
                     last = status
                     if (status.state, status.restarts) != seen:
@@ -226,23 +203,19 @@ class ClusterGangTrigger(BaseTrigger):
                             status.message,
                         )
                     if status.state.finished:
-                        yield TriggerEvent(
-                            {
-                                "status": "finished",
-                                "gang": status.to_json(),
-                                "deadline": self.deadline,
-                            }
-                        )
+                        finished = {"status": TriggerStatus.FINISHED, "gang": status.to_json()}
+                        yield TriggerEvent({**finished, "deadline": self.deadline})
                         return
                 if time.time() >= self.deadline and last is not None:
-                    yield TriggerEvent(
-                        {"status": "timeout", "gang": last.to_json(), "deadline": self.deadline}
-                    )
+                    timeout_event = {"status": TriggerStatus.TIMEOUT, "gang": last.to_json()}
+                    yield TriggerEvent({**timeout_event, "deadline": self.deadline})
                     return
 
 
-class DeviceTrigger(BaseTrigger):
+class DeviceTrigger(PollingTrigger):
     """Polls for the first device of a preference list (evaluation steps)."""
+
+    classpath_module: ClassVar[str] = MODULE
 
     def __init__(
         self,
@@ -268,20 +241,7 @@ class DeviceTrigger(BaseTrigger):
         self.deadline = deadline
         self.poll_s = poll_s
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{MODULE}.DeviceTrigger", {
-            "preferences": self.preferences,
-            "gang_id": self.gang_id,
-            "team": self.team,
-            "holder": self.holder,
-            "ledger_path": self.ledger_path,
-            "cluster_file": self.cluster_file,
-            "ttl_s": self.ttl_s,
-            "deadline": self.deadline,
-            "poll_s": self.poll_s,
-        }
-
-    def _try_once(self) -> dict[str, Any]:
+    def poll(self) -> dict[str, Any]:
         from tideflow.gangs import open_ledger
         from tideflow.scheduling import Refusal, choose_device
 
@@ -295,21 +255,10 @@ class DeviceTrigger(BaseTrigger):
             ttl_s=self.ttl_s,
         )
         if isinstance(choice, Refusal):
-            return {"status": "never" if choice.never else "waiting", "reason": choice.reason}
+            return refused(choice.never, choice.reason)
         return {
-            "status": "granted",
+            "status": TriggerStatus.GRANTED,
             "preference": choice.preference,
             "device_class": choice.device_class,
             "lease_id": choice.lease.lease_id if choice.lease else None,
         }
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        while True:
-            outcome = await asyncio.to_thread(self._try_once)
-            if outcome["status"] in ("granted", "never"):
-                yield TriggerEvent(outcome)
-                return
-            if time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", "reason": outcome["reason"]})
-                return
-            await asyncio.sleep(self.poll_s)

@@ -11,7 +11,7 @@ import pytest
 from tideflow.broker.calibrate import SloCalibration, scaled
 from tideflow.broker.forecast import Forecast
 from tideflow.broker.journal import DecisionJournal
-from tideflow.broker.policy import Action, Decision
+from tideflow.broker.policy import Action, BrokerDecision
 from tideflow.broker.service import coverage
 
 
@@ -49,8 +49,8 @@ def test_bad_settings_are_refused() -> None:
         SloCalibration(low=0.1)
 
 
-def decision(inference: int, needed: int | None) -> Decision:
-    return Decision(Action.HOLD, inference, needed, None, reason="test")
+def decision(inference: int, needed: int | None) -> BrokerDecision:
+    return BrokerDecision(Action.HOLD, inference, needed, None, reason="test")
 
 
 def test_service_reads_one_outcome_per_load_window_from_the_journal(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tideflow.broker.forecast import Forecast
-from tideflow.broker.policy import Action, Decision, PolicyConfig, Snapshot
+from tideflow.broker.policy import Action, BrokerDecision, PolicyConfig, Snapshot
 from tideflow.cli import main
 
 CLUSTER = """\
@@ -78,7 +78,7 @@ def step(needed: int | None, wanted: int | None, node_gpus: int = 4) -> Any:
         forecast=Forecast(None, None, None if wanted is None else wanted * 10.0, "level"),
         idle_training_gpus=16,
     )
-    decision = Decision(Action.GROW, 4, needed, wanted, reason="why")
+    decision = BrokerDecision(Action.GROW, 4, needed, wanted, reason="why")
     return Step(0.0, decision, None, snapshot, config)
 
 

@@ -22,7 +22,8 @@ import pytest
 from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.fake import documents
 from tests.kubefake.volcano_queue_webhook import validate_queue
-from tideflow.broker import Action, Decision, Reclaim, decide
+from tideflow.broker import Action, BrokerDecision, Reclaim, decide
+from tideflow.broker.actuator import Applied
 from tideflow.broker.kubernetes import (
     ClusterTarget,
     KubernetesActuator,
@@ -203,9 +204,9 @@ def cluster() -> Iterator[tuple[Cluster, Any]]:
         yield Cluster(fake), fake.client(BROKER)
 
 
-def grow_to(gpus: int, *victims: str) -> Decision:
+def grow_to(gpus: int, *victims: str) -> BrokerDecision:
     reclaims = tuple(Reclaim(v, 8, True, 0.0) for v in victims)
-    return Decision(Action.GROW, gpus, gpus, gpus, reclaims=reclaims, reason="test")
+    return BrokerDecision(Action.GROW, gpus, gpus, gpus, reclaims=reclaims, reason="test")
 
 
 def test_growing_evicts_through_the_eviction_api_then_moves_whole_nodes(
@@ -219,6 +220,7 @@ def test_growing_evicts_through_the_eviction_api_then_moves_whole_nodes(
         api, target, grace_s=30, retry_s=0.01, sleep=lambda _s: fake.allow_disruptions(2)
     )
     applied = actuator.apply(grow_to(16, "job-a"))
+    assert isinstance(applied, Applied)  # the one result type of both actuators
     assert applied.inference_gpus == 16 and applied.inference_nodes == ("gpu-0", "gpu-1")
     assert sorted(applied.evicted_pods) == ["job-a-worker-0", "job-a-worker-1"]
     fake.fake.pods.finish_terminating(NS)
@@ -393,7 +395,9 @@ def test_lending_returns_nodes_and_moves_kueue_quota_and_hpa_bounds(
             content_type="application/merge-patch+json",
         )
     target = ClusterTarget(namespace=NS, hpa="inference", queue_kind="kueue", gpus_per_replica=2)
-    applied = KubernetesActuator(api, target).apply(Decision(Action.LEND, 8, 5, 8, reason="trough"))
+    applied = KubernetesActuator(api, target).apply(
+        BrokerDecision(Action.LEND, 8, 5, 8, reason="trough")
+    )
     assert applied.inference_nodes == ("gpu-0",)
     assert fake.node("gpu-2")["metadata"]["labels"]["tideflow.io/pool"] == "training"
     hpa = fake.fake.get("autoscaling/v2", "HorizontalPodAutoscaler", "inference")["spec"]
@@ -625,7 +629,7 @@ def test_the_brokers_role_covers_every_call_it_makes(cluster: tuple[Cluster, Any
         api, volcano, grace_s=30, retry_s=0.01, sleep=lambda _s: fake.allow_disruptions(2)
     ).apply(grow_to(16, "job-a"))
     kueue = ClusterTarget(namespace=NS, hpa="inference", queue_kind="kueue")
-    KubernetesActuator(api, kueue).apply(Decision(Action.LEND, 8, 5, 8, reason="trough"))
+    KubernetesActuator(api, kueue).apply(BrokerDecision(Action.LEND, 8, 5, 8, reason="trough"))
     KubernetesActuator(api, kueue).preemption_counts()
     assert all(r.code < 400 or r.code == 429 for r in fake.broker_requests())
     unused = {(g.resource, g.verb, g.name) for g in fake.fake.rbac.unused(BROKER, NS)}

@@ -128,10 +128,10 @@ def test_the_journal_carries_training_forward_between_recorded_steps(tmp_path: P
     """Steps are recorded only when they act where the broker runs as the Airflow DAG,
     and training goes on between them: two steps a day apart, 24 then 16 training GPUs,
     count 24 GPUs for the day and 16 after, from the first step on."""
-    from tideflow.broker import Action, Decision
+    from tideflow.broker import Action, BrokerDecision
 
     journal = DecisionJournal(tmp_path / "broker.db")
-    hold = Decision(Action.HOLD, 8, 5, 5, reason="test")
+    hold = BrokerDecision(Action.HOLD, 8, 5, 5, reason="test")
     for at, training in ((3600.0, 24), (3600.0 + 86400.0, 16)):
         journal.record(
             at,

@@ -26,7 +26,7 @@ from tests.kubefake.volcano_queue_webhook import validate_queue
 from tests.test_broker_kubernetes import inference_deployment
 from tideflow.backends import GangJob, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend
-from tideflow.broker import Action, Decision, Reclaim
+from tideflow.broker import Action, BrokerDecision, Reclaim
 from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator, target_from_env
 from tideflow.compile.kueue_queues import kueue_objects
 from tideflow.compile.volcano_queues import volcano_objects
@@ -215,11 +215,11 @@ def fake() -> Iterator[KubeFake]:
         yield cluster
 
 
-def to(gpus: int, *victims: str) -> Decision:
+def to(gpus: int, *victims: str) -> BrokerDecision:
     """What the policy decides; its victims are those it would take without teams."""
     reclaims = tuple(Reclaim(v, 8, True, 0.0) for v in victims)
     action = Action.GROW if gpus > 8 else Action.LEND
-    return Decision(action, gpus, gpus, gpus, reclaims=reclaims, reason="test")
+    return BrokerDecision(action, gpus, gpus, gpus, reclaims=reclaims, reason="test")
 
 
 def test_the_broker_is_capped_at_inferences_quota_and_reclaims_its_borrower_with_its_grace(

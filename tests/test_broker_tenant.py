@@ -27,8 +27,9 @@ from tests.test_runtime_distributed import (
 from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.broker import Action
+from tideflow.broker.actuator import Applied
 from tideflow.broker.local import INFERENCE_PREFIX, LocalActuator
-from tideflow.broker.policy import Decision
+from tideflow.broker.policy import BrokerDecision
 from tideflow.broker.service import BrokerSettings, open_local
 from tideflow.checkpoint import CheckpointManager
 from tideflow.inventory import load_cluster
@@ -56,9 +57,9 @@ def ledger_for(tmp_path: Path, text: str = LAB) -> LeaseLedger:
     return LeaseLedger(tmp_path / "leases.db", load_cluster(cluster))
 
 
-def to(gpus: int) -> Decision:
+def to(gpus: int) -> BrokerDecision:
     action = Action.GROW if gpus else Action.LEND
-    return Decision(action, gpus, None, None, reason=f"test: inference to {gpus}")
+    return BrokerDecision(action, gpus, None, None, reason=f"test: inference to {gpus}")
 
 
 def test_lent_gpus_are_borrowed_under_the_rules_and_reclaimed_with_a_checkpoint(
@@ -89,6 +90,7 @@ def test_lent_gpus_are_borrowed_under_the_rules_and_reclaimed_with_a_checkpoint(
     # reclaim. The ledger asks the borrowing gang to stop (not the actuator's own
     # grace of 1 s: the rule's 2 minutes), it checkpoints and exits resumable.
     applied = actuator.apply(to(2))
+    assert isinstance(applied, Applied)  # the one result type of both actuators
     assert applied.complete and applied.inference_gpus == 2
     assert applied.preempted == ("digits-train",) and applied.forced == ()
     status = backend.status("digits-train")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.test_broker_load import _PrometheusAnswers, prometheus
-from tideflow.broker.journal import DecisionJournal, JournalEntry
+from tideflow.broker.journal import DecisionJournal, DecisionRecord
 from tideflow.broker.load import (
     LoadSample,
     LoadSourceError,
@@ -228,8 +228,8 @@ class _Steps:
         return [LoadSample(t, 100.0) for t in range(int(first), int(end_s), 600)]
 
 
-def decided(at_s: float, gpus: int) -> JournalEntry:
-    return JournalEntry(at_s, "hold", gpus, 16, 100.0, 100.0, 4, 4, False, (), "", "")
+def decided(at_s: float, gpus: int) -> DecisionRecord:
+    return DecisionRecord(at_s, "hold", gpus, 16, 100.0, 100.0, 4, 4, False, (), "", "")
 
 
 def test_a_window_counts_only_when_inference_held_the_same_gpus_through_it() -> None:

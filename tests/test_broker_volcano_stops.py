@@ -37,7 +37,7 @@ from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.broker.journal import DecisionJournal
 from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
-from tideflow.broker.policy import Action, Decision
+from tideflow.broker.policy import Action, BrokerDecision
 from tideflow.kube import KubeSettings, volcano_lineage
 from tideflow.kube.names import gang_object_name
 from tideflow.kube.volcano import EXIT_PREEMPTED
@@ -143,7 +143,7 @@ def stopped_by_the_broker(fake: Cluster, api: Any, gang: Gang) -> int:
     """The broker grows by a node, evicting the gang, then lends the node back."""
     actuator = KubernetesActuator(api, ClusterTarget(namespace=NS), grace_s=30, retry_s=0.01)
     applied = actuator.apply(grow_to(16, gang.label()))
-    actuator.apply(Decision(Action.LEND, 8, 8, 8, reason="test"))
+    actuator.apply(BrokerDecision(Action.LEND, 8, 8, 8, reason="test"))
     return int(applied.stopped_gpus)
 
 

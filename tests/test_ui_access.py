@@ -156,7 +156,7 @@ def _seed_mlflow(url: str) -> None:
 
 def _seed_ledger_and_journal(home: Path, cluster: Path) -> None:
     from tideflow.broker.journal import DecisionJournal
-    from tideflow.broker.policy import Action, Decision
+    from tideflow.broker.policy import Action, BrokerDecision
     from tideflow.gangs import open_ledger
     from tideflow.scheduling import GangRequest, Lease
 
@@ -171,7 +171,7 @@ def _seed_ledger_and_journal(home: Path, cluster: Path) -> None:
         assert isinstance(ledger.try_acquire(request, "test", 3600), Lease), request
     DecisionJournal(home / "broker.db").record(
         time.time() - 300,
-        Decision(Action.GROW, 8, 6, 8, reason=BROKER_REASON),
+        BrokerDecision(Action.GROW, 8, 6, 8, reason=BROKER_REASON),
         total_gpus=16,
         measured_rps=60.0,
         forecast_upper=80.0,

@@ -22,7 +22,7 @@ from kubernetes import client
 
 from tests.cluster.conftest import NAMESPACE, service_account
 from tests.cluster.test_gangs import wait_for
-from tideflow.broker import Action, Decision, Reclaim
+from tideflow.broker import Action, BrokerDecision, Reclaim
 from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
 from tideflow.stack.cluster.kubeapi import Kube
 from tideflow.stack.cluster.nodes import KWOK_LABEL
@@ -202,8 +202,8 @@ def broker(cluster: ClusterState, grace_s: float) -> KubernetesActuator:
     return KubernetesActuator(api, TARGET, grace_s=grace_s, retry_s=0.5)
 
 
-def grow_to(gpus: int) -> Decision:
-    return Decision(
+def grow_to(gpus: int) -> BrokerDecision:
+    return BrokerDecision(
         Action.GROW, gpus, gpus, gpus, reclaims=(Reclaim(GANG, 8, True, 0.0),), reason="test"
     )
 
@@ -247,7 +247,7 @@ def test_shrinking_inference_gives_its_node_back_with_no_replica_left_on_it(
     one at a time as inference's PDB (maxUnavailable 1) allows; the ReplicaSet places
     their replacements on the inference pool."""
     kube = pools
-    lend = Decision(Action.LEND, 4, 4, 4, reason="trough")
+    lend = BrokerDecision(Action.LEND, 4, 4, 4, reason="trough")
     applied = broker(cluster, grace_s=60).apply(lend)
     assert applied.inference_gpus == 4 and applied.inference_nodes == ("bk-0",)
     assert pool_of(kube, "bk-2") == ("training", [(POOL, "training", "NoSchedule")])

@@ -18,7 +18,7 @@ from tideflow.broker.load import (
 )
 from tideflow.broker.policy import (
     Action,
-    Decision,
+    BrokerDecision,
     GangView,
     PolicyConfig,
     Reclaim,
@@ -31,7 +31,7 @@ from tideflow.broker.simulation import SimulationConfig, SimulationResult
 
 __all__ = [
     "Action",
-    "Decision",
+    "BrokerDecision",
     "Forecast",
     "GangView",
     "JobSpec",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tideflow.broker.jobs import JobSpec
-from tideflow.broker.policy import Decision, GangView, Snapshot
+from tideflow.broker.policy import BrokerDecision, GangView, Snapshot
 
 if TYPE_CHECKING:
     from tideflow.broker.simulation import Plan, SimulationConfig, Window
@@ -173,7 +173,7 @@ class Backlog:
             empty_nodes=self.placement.empty_nodes(),
         )
 
-    def apply(self, decision: Decision, now: float) -> int:
+    def apply(self, decision: BrokerDecision, now: float) -> int:
         """Shrink and stop what the decision reclaims, then what its placement must
         empty for inference; the gangs stopped."""
         stopped = 0

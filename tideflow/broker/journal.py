@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tideflow.broker.calibrate import TrainingWork
-from tideflow.broker.policy import Decision
+from tideflow.broker.policy import BrokerDecision
 from tideflow.storage.sqlite_columns import add_missing_columns
 
 # How long the journal remembers a workload the queue no longer lists: well past the
@@ -67,7 +67,9 @@ class PreemptionCount:
 
 
 @dataclass(frozen=True)
-class JournalEntry:
+class DecisionRecord:
+    """One row of the broker's decision journal: a decision with its inputs and what was applied."""
+
     at_s: float
     action: str
     inference_gpus: int
@@ -108,7 +110,7 @@ class DecisionJournal:
     def record(
         self,
         at_s: float,
-        decision: Decision,
+        decision: BrokerDecision,
         *,
         total_gpus: int,
         measured_rps: float | None,
@@ -143,7 +145,7 @@ class DecisionJournal:
                 ),
             )
 
-    def since(self, at_s: float) -> list[JournalEntry]:
+    def since(self, at_s: float) -> list[DecisionRecord]:
         if not self.path.exists():
             return []
         with self._db() as db:
@@ -155,7 +157,7 @@ class DecisionJournal:
                 (at_s,),
             ).fetchall()
         return [
-            JournalEntry(
+            DecisionRecord(
                 float(r[0]),
                 str(r[1]),
                 int(r[2]),
@@ -249,7 +251,7 @@ class DecisionJournal:
             ]
             db.executemany("DELETE FROM scheduler_preemptions WHERE uid = ?", gone)
 
-    def last(self) -> JournalEntry | None:
+    def last(self) -> DecisionRecord | None:
         with self._db() as db:
             row = db.execute("SELECT MAX(at_s) FROM decisions").fetchone()
         return self.since(float(row[0]))[-1] if row and row[0] is not None else None

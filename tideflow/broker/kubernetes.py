@@ -23,9 +23,9 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from tideflow.broker.actuator import Applied
 from tideflow.broker.journal import PreemptionCount
 from tideflow.broker.kube_evictions import Evictions, Evictor
 from tideflow.broker.kube_inference import InferenceService
@@ -43,7 +43,7 @@ from tideflow.broker.kube_target import (
     target_from_env,
 )
 from tideflow.broker.kube_tenant import InferenceTenant, pool_model
-from tideflow.broker.policy import Decision, GangView
+from tideflow.broker.policy import BrokerDecision, GangView
 from tideflow.broker.tenant import ceiling, floor, governs_inference
 from tideflow.broker.volcano_stops import VolcanoStops
 from tideflow.checkpoint.recency import work_at_risk_since
@@ -64,7 +64,6 @@ __all__ = [
     "ClusterTarget",
     "Evictions",
     "KubernetesActuator",
-    "KubernetesApplied",
     "TrainingQueueRefusedError",
     "target_from_env",
 ]
@@ -77,18 +76,6 @@ _by_gang = by_gang
 _pool_model = pool_model
 _refusal = refusal
 _few = few
-
-
-@dataclass(frozen=True)
-class KubernetesApplied:
-    inference_gpus: int
-    inference_nodes: tuple[str, ...]
-    evicted_pods: tuple[str, ...]
-    refused_by_pdb: tuple[str, ...]
-    note: str
-    stopped_gpus: int = 0  # the GPUs of the pods evicted (the journal's record of stops)
-    # inference's replicas evicted off the nodes given back to training (no gang's stop)
-    moved_replicas: tuple[str, ...] = ()
 
 
 class KubernetesActuator:
@@ -254,7 +241,7 @@ class KubernetesActuator:
 
     def _grow(
         self,
-        decision: Decision,
+        decision: BrokerDecision,
         training: list[Any],
         inference: list[Any],
         *,
@@ -299,7 +286,7 @@ class KubernetesActuator:
             have -= self.pools.gpus(node)
         return have
 
-    def apply(self, decision: Decision) -> KubernetesApplied:
+    def apply(self, decision: BrokerDecision) -> Applied:
         started = self.clock()
         nodes = self.gpu_nodes()
         total = sum(self.pools.gpus(n) for n in nodes)
@@ -335,12 +322,9 @@ class KubernetesActuator:
     @staticmethod
     def _applied(
         inference: list[Any], done: Evictions, note: str, *, have: int, total: int, quota: int
-    ) -> KubernetesApplied:
-        return KubernetesApplied(
+    ) -> Applied:
+        return Applied(
             have,
-            tuple(n.metadata.name for n in inference),
-            tuple(done.evicted),
-            tuple(done.refused),
             f"inference {have}/{total} GPUs on {len(inference)} node(s)"
             + note
             + (f"; PDB kept {', '.join(done.refused)}" if done.refused else "")
@@ -350,5 +334,8 @@ class KubernetesActuator:
                 if quota > total - have
                 else ""
             ),
-            done.gpus,
+            stopped_gpus=done.gpus,
+            inference_nodes=tuple(n.metadata.name for n in inference),
+            evicted_pods=tuple(done.evicted),
+            refused_by_pdb=tuple(done.refused),
         )

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tideflow.backends.protocol import Backend
+from tideflow.broker.actuator import Applied
 from tideflow.broker.calibrate import TrainingWork
 from tideflow.broker.journal import PreemptionCount
-from tideflow.broker.policy import Decision, GangView
+from tideflow.broker.policy import BrokerDecision, GangView
 from tideflow.broker.tenant import INFERENCE_PRIORITY, capped, ceiling, governs_inference
 from tideflow.broker.tenant import INFERENCE_TEAM as INFERENCE_TEAM  # noqa: PLC0414 (tideflow.ui)
 from tideflow.checkpoint.recency import work_at_risk_since, work_lost_at
@@ -42,18 +42,6 @@ from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 INFERENCE_PREFIX = "broker/inference/"
 STOPPED = ("preempted", "forced")  # usage rows of leases ended by a stop (LeaseLedger.release)
 RESERVATION_TTL_S = 365 * 86400.0  # held until the broker lends it back
-
-
-@dataclass(frozen=True)
-class Applied:
-    inference_gpus: int
-    preempted: tuple[str, ...]
-    forced: tuple[str, ...]  # cancelled after the grace: their uncommitted work is lost
-    complete: bool  # the allocation reached the decision's
-    waited_s: float
-    note: str
-    # Not counted here: the ledger's usage records each stop (``training_work``).
-    stopped_gpus: int | None = None
 
 
 class LocalActuator:
@@ -228,7 +216,7 @@ class LocalActuator:
         )
         self.ledger.release(lease.lease_id, lost_s=lost)
 
-    def apply(self, decision: Decision) -> Applied:
+    def apply(self, decision: BrokerDecision) -> Applied:
         if self.tenant:
             return self._apply_as_tenant(decision)
         started = self.clock()
@@ -236,9 +224,11 @@ class LocalActuator:
         target = decision.inference_gpus
         if target < current:
             self._lend_down_to(target)
-            return Applied(self.inference_gpus(), (), (), True, 0.0, f"lent {current - target}")
+            return Applied(
+                self.inference_gpus(), f"lent {current - target}", complete=True, waited_s=0.0
+            )
         if target == current:
-            return Applied(current, (), (), True, 0.0, "nothing to move")
+            return Applied(current, "nothing to move", complete=True, waited_s=0.0)
 
         # A local gang cannot drop workers while it runs: an elastic one that is to
         # shrink is stopped after a checkpoint like the others, and its operator asks
@@ -270,15 +260,15 @@ class LocalActuator:
         now = self.inference_gpus()
         return Applied(
             now,
-            tuple(victims),
-            tuple(forced),
-            now >= target,
-            self.clock() - started,
             f"grew {now - current} of {target - current}"
             + (f"; forced {', '.join(forced)} after {self.grace_s:.0f} s" if forced else ""),
+            complete=now >= target,
+            preempted=tuple(victims),
+            forced=tuple(forced),
+            waited_s=self.clock() - started,
         )
 
-    def _ask_to_stop(self, decision: Decision) -> list[str]:
+    def _ask_to_stop(self, decision: BrokerDecision) -> list[str]:
         """The gangs the decision reclaims, each evicted in the ledger and asked to
         checkpoint and stop."""
         victims = [r.gang_id for r in decision.reclaims]
@@ -318,7 +308,7 @@ class LocalActuator:
     def _wall(self) -> float:
         return self.ledger.clock()  # eviction deadlines are on the ledger's clock
 
-    def _apply_as_tenant(self, decision: Decision) -> Applied:
+    def _apply_as_tenant(self, decision: BrokerDecision) -> Applied:
         """Grow by asking the ledger for reservations within inference's quota; the
         ledger reclaims what other teams borrowed of it, with their rules' grace."""
         started = self.clock()
@@ -328,7 +318,7 @@ class LocalActuator:
             self._lend_down_to(target)
             self._forget_waiting()
             moved = f"lent {current - target}" if target < current else "nothing to move"
-            return Applied(self.inference_gpus(), (), (), True, 0.0, moved + capped_note)
+            return Applied(self.inference_gpus(), moved + capped_note, complete=True, waited_s=0.0)
         preempted: dict[str, None] = {}  # in the order the ledger asked them
         forced: list[str] = []
         refusal = ""
@@ -359,7 +349,12 @@ class LocalActuator:
         if now < target and refusal:
             note += f"; the ledger: {refusal}"
         return Applied(
-            now, tuple(preempted), tuple(forced), now >= target, self.clock() - started, note
+            now,
+            note,
+            complete=now >= target,
+            preempted=tuple(preempted),
+            forced=tuple(forced),
+            waited_s=self.clock() - started,
         )
 
     def _forget_waiting(self) -> None:

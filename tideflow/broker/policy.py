@@ -25,7 +25,7 @@ from tideflow.broker.reclaims import Reclaim, node_stops, victims
 
 __all__ = [
     "Action",
-    "Decision",
+    "BrokerDecision",
     "GangView",
     "PolicyConfig",
     "Reclaim",
@@ -133,7 +133,9 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class BrokerDecision:
+    """What the broker decided for one step: inference's GPUs after it, and the gangs to reclaim."""
+
     action: Action
     inference_gpus: int  # allocation after the decision
     needed_now: int | None
@@ -156,7 +158,7 @@ def _whole_nodes_up(gpus: int, config: PolicyConfig) -> int:
     return math.ceil(gpus / config.node_gpus) * config.node_gpus
 
 
-def sizing(decision: Decision, config: PolicyConfig) -> str:
+def sizing(decision: BrokerDecision, config: PolicyConfig) -> str:
     """The GPUs the load and forecast need (with headroom, before whole nodes), and what
     the policy takes when it rounds them up to whole nodes: "needs 3 GPU(s), takes 4:
     whole nodes of 4"."""
@@ -172,7 +174,7 @@ def sizing(decision: Decision, config: PolicyConfig) -> str:
     return f"needs {need} GPU(s), takes {takes}: whole nodes of {config.node_gpus}{why}"
 
 
-def decide(snapshot: Snapshot, config: PolicyConfig) -> Decision:
+def decide(snapshot: Snapshot, config: PolicyConfig) -> BrokerDecision:
     current = snapshot.inference_gpus
     needed = gpus_for(snapshot.measured_rps, config) if snapshot.measured_rps is not None else None
     upper = snapshot.forecast.upper
@@ -180,7 +182,7 @@ def decide(snapshot: Snapshot, config: PolicyConfig) -> Decision:
         math.ceil(upper / config.per_gpu_rps * (1 + config.headroom)) if upper is not None else None
     )
     if needed is None and wanted is None:
-        return Decision(
+        return BrokerDecision(
             Action.HOLD, current, None, None, reason="no load data and no forecast: holding"
         )
     target = _target(needed, wanted, config)
@@ -216,7 +218,7 @@ def _freed_for_growth(
 
 def _grow(
     snapshot: Snapshot, config: PolicyConfig, needed: int | None, wanted: int | None, target: int
-) -> Decision:
+) -> BrokerDecision:
     current = snapshot.inference_gpus
     upper = snapshot.forecast.upper
     emergency = needed is not None and needed > current
@@ -230,7 +232,7 @@ def _grow(
         f"{config.lead_s / 60:.0f} min (upper {upper:.0f}) wants {target}"
     )
     evicted = [r.gang_id for r in reclaims]
-    return Decision(
+    return BrokerDecision(
         Action.GROW,
         after,
         needed,
@@ -254,18 +256,18 @@ def _lend_target(snapshot: Snapshot, config: PolicyConfig, target: int) -> int:
 
 def _lend_or_hold(
     snapshot: Snapshot, config: PolicyConfig, needed: int | None, wanted: int | None, target: int
-) -> Decision:
+) -> BrokerDecision:
     current = snapshot.inference_gpus
     surplus = current - target
     why_hold = _why_not_lend(snapshot, config, needed, surplus)
     if why_hold is not None:
-        return Decision(Action.HOLD, current, needed, wanted, reason=why_hold)
+        return BrokerDecision(Action.HOLD, current, needed, wanted, reason=why_hold)
     lend = (surplus // config.node_gpus) * config.node_gpus  # whole nodes only
     if lend == 0:
-        return Decision(
+        return BrokerDecision(
             Action.HOLD, current, needed, wanted, reason="surplus is less than a whole node"
         )
-    return Decision(
+    return BrokerDecision(
         Action.LEND,
         current - lend,
         needed,

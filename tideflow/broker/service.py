@@ -14,12 +14,11 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from tideflow.broker.actuator import Actuator, TenantActuator
+from tideflow.broker.actuator import Actuator, Applied, TenantActuator
 from tideflow.broker.calibrate import LostWorkBudget, SloCalibration, scaled
 from tideflow.broker.forecast import HISTORY_S, LoadForecaster, clean_outages
-from tideflow.broker.journal import DecisionJournal, JournalEntry
+from tideflow.broker.journal import DecisionJournal, DecisionRecord
 from tideflow.broker.load import LoadSource, ServedWindow
 from tideflow.broker.load import LoadSourceError as LoadSourceError  # noqa: PLC0414 (callers)
 from tideflow.broker.opening import (
@@ -33,7 +32,7 @@ from tideflow.broker.opening import (
     served,
     within_inference_quota,
 )
-from tideflow.broker.policy import Decision, PolicyConfig, Snapshot, decide, sizing
+from tideflow.broker.policy import BrokerDecision, PolicyConfig, Snapshot, decide, sizing
 from tideflow.broker.settings import BrokerSettings, load_source_from
 from tideflow.broker.throughput import Served, Throughput, ThroughputLearner, recorded
 
@@ -83,7 +82,7 @@ BUDGET_S = 7 * 86400.0  # the past span whose lost and trained GPU-time the budg
 LATENCY_SETTLE_S = 900.0
 
 
-def coverage(entries: list[JournalEntry], window_s: float) -> list[bool]:
+def coverage(entries: list[DecisionRecord], window_s: float) -> list[bool]:
     """Per load window, oldest first: did the inference GPUs held cover the load measured?
 
     Each decision records the need measured over the window before it; the
@@ -110,7 +109,7 @@ def coverage(entries: list[JournalEntry], window_s: float) -> list[bool]:
 
 def served_windows(
     load: LoadSource,
-    entries: Sequence[JournalEntry],
+    entries: Sequence[DecisionRecord],
     start_s: float,
     now_s: float,
     settle_s: float = 0.0,
@@ -252,7 +251,7 @@ def peek(
     config: PolicyConfig,
     journal: DecisionJournal,
     now_s: float | None = None,
-) -> Decision:
+) -> BrokerDecision:
     """What the broker would decide now, without acting or recording (for sensors)."""
     now = time.time() if now_s is None else now_s
     decision, _ = _decided(load, actuator, config, journal, now)
@@ -265,7 +264,7 @@ def _decided(
     config: PolicyConfig,
     journal: DecisionJournal,
     now_s: float,
-) -> tuple[Decision, Snapshot]:
+) -> tuple[BrokerDecision, Snapshot]:
     """The decision now and what it was made from, its reason saying which per-GPU
     throughput and lend bound it was made with."""
     config, learned = with_learned_throughput(load, config, journal, now_s)
@@ -286,8 +285,8 @@ class Step:
     run) and what the decision was made from."""
 
     now_s: float
-    decision: Decision
-    applied: Any
+    decision: BrokerDecision
+    applied: Applied | None
     snapshot: Snapshot
     config: PolicyConfig
 
@@ -317,7 +316,7 @@ def rebalance_once(
     now_s: float | None = None,
     *,
     act: bool = True,
-) -> tuple[Decision, Any]:
+) -> tuple[BrokerDecision, Applied | None]:
     step = rebalance_step(load, actuator, config, journal, now_s, act=act)
     return step.decision, step.applied
 

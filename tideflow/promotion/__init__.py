@@ -1,5 +1,5 @@
 """Champion/challenger promotion: the gate (pure) and the registry moves (MLflow)."""
 
-from tideflow.promotion.gate import Decision, GateConfigError, decide
+from tideflow.promotion.gate import GateConfigError, PromotionVerdict, decide
 
-__all__ = ["Decision", "GateConfigError", "decide"]
+__all__ = ["GateConfigError", "PromotionVerdict", "decide"]

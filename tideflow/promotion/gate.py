@@ -28,7 +28,9 @@ class GateConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class Decision:
+class PromotionVerdict:
+    """The promotion gate's verdict on a challenger: promote or not, and why."""
+
     promote: bool
     reasons: tuple[str, ...]
     compared: dict[str, Any] = field(default_factory=dict)
@@ -63,7 +65,7 @@ def _ties(margin: float, delta: float) -> bool:
 
 def decide(
     metrics: dict[str, float], gate: dict[str, Any], champion: dict[str, float] | None
-) -> Decision:
+) -> PromotionVerdict:
     """``gate`` is the step's gate block; ``champion`` the current champion's metrics.
 
     Raises ``GateConfigError`` when ``metrics`` lacks a metric the gate reads.
@@ -88,7 +90,9 @@ def decide(
     metric, mode, delta = gate["metric"], gate.get("mode", "max"), float(gate.get("min_delta", 0))
     value = metrics[metric]
     if not math.isfinite(value):
-        return Decision(False, (*reasons, f"{metric} is {value}, not a finite number"), compared)
+        return PromotionVerdict(
+            False, (*reasons, f"{metric} is {value}, not a finite number"), compared
+        )
     if champion is None or metric not in champion:
         reasons.append(f"no champion yet; {metric} {value:.4f}")
     else:
@@ -108,4 +112,4 @@ def decide(
                 f"{metric} {value:.4f} does not beat the champion's {best:.4f} by more than "
                 f"{delta:.4f} (margin {margin:.4f}){tie}"
             )
-    return Decision(ok, tuple(reasons), compared)
+    return PromotionVerdict(ok, tuple(reasons), compared)

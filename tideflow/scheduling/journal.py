@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class JournalEntry:
+class LedgerEvent:
+    """One scheduling event the lease ledger journals for a gang (admit, wait, evict, ...)."""
+
     at: float
     gang_id: str
     team: str
@@ -44,7 +46,7 @@ def _shape(reason: str) -> str:
 
 def read(
     db: sqlite3.Connection, since: float, limit: int, actions: Collection[str] | None
-) -> list[JournalEntry]:
+) -> list[LedgerEvent]:
     """The last ``limit`` entries since ``since`` of the ``actions`` named (all when
     None), oldest first."""
     where = "at >= ?"
@@ -61,5 +63,5 @@ def read(
         (*params, limit),
     ).fetchall()
     return [
-        JournalEntry(float(a), str(g), str(t), str(x), str(r)) for a, g, t, x, r in reversed(rows)
+        LedgerEvent(float(a), str(g), str(t), str(x), str(r)) for a, g, t, x, r in reversed(rows)
     ]

@@ -36,7 +36,7 @@ from pathlib import Path
 from tideflow.inventory import Inventory
 from tideflow.scheduling import admission, evictions, journal, snapshot, state, usage
 from tideflow.scheduling.evictions import EvictionRecord
-from tideflow.scheduling.journal import JournalEntry
+from tideflow.scheduling.journal import LedgerEvent
 from tideflow.scheduling.model import DeviceUsage, GangRequest, Lease, Refusal, WorkerPlacement
 from tideflow.scheduling.state import InventoryChangedError, inventory_fingerprint
 from tideflow.scheduling.teams import Teams
@@ -257,7 +257,7 @@ class LeaseLedger:
     # -- the journal and usage -----------------------------------------------------------
     def journal(
         self, since: float = 0.0, limit: int = 200, *, actions: Collection[str] | None = None
-    ) -> list[JournalEntry]:
+    ) -> list[LedgerEvent]:
         """The teams' scheduling decisions, newest last: the last ``limit`` since
         ``since``, of the ``actions`` named (all when None)."""
         with state.transaction(self.path) as db:
@@ -287,9 +287,9 @@ class LeaseLedger:
 __all__ = [
     "EvictionRecord",
     "InventoryChangedError",
-    "JournalEntry",
     "LeaseLedger",
     "LeaseLostError",
+    "LedgerEvent",
     "UsageSpan",
     "WorkerPlacement",
     "inventory_fingerprint",
