@@ -1,4 +1,5 @@
-"""Size limits of the product code: no module over 400 lines, no function over 60.
+"""Limits of the product code: no module over 400 lines, no function over 60, and no
+import circle between modules.
 
 Code past a limit today is listed in ``tests/code_limits_exemptions.txt`` with
 its size. The list may only shrink: a listed item that grew fails, and so does
@@ -9,6 +10,8 @@ split is kept.
 from __future__ import annotations
 
 import ast
+import tomllib
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -90,3 +93,37 @@ def test_the_gang_broker_scheduling_and_kube_packages_have_no_exemption() -> Non
     kept_within = ("tideflow/gangs/", "tideflow/broker/", "tideflow/scheduling/", "tideflow/kube/")
     exempted = sorted(item for item in exemptions() if item.startswith(kept_within))
     assert not exempted, exempted
+
+
+def import_order(packages: tuple[str, ...]) -> tuple[str, ...]:
+    """The modules of ``packages`` in an order where each comes after what it imports,
+    counting imports inside functions and type-checking blocks too: a circle there
+    is a circle in the design. ``CycleError`` names a circle where there is one."""
+    import grimp
+
+    graph = grimp.build_graph(*packages, include_external_packages=False)
+    imports = {module: graph.find_modules_directly_imported_by(module) for module in graph.modules}
+    return tuple(TopologicalSorter(imports).static_order())
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    packages = tuple(config["tool"]["importlinter"]["root_packages"])
+    try:
+        order = import_order(packages)
+    except CycleError as exc:
+        pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")
+    assert "tideflow.gangs.resolved" in order
+
+
+def test_the_circle_check_finds_a_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "circled"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import circled.b\n"
+    )
+    (package / "b.py").write_text("def later():\n    import circled.a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(CycleError):
+        import_order(("circled",))

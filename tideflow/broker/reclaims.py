@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tideflow.broker.policy import GangView, Snapshot
+    from tideflow.broker.snapshot import GangView, Snapshot
 
 
 @dataclass(frozen=True)
