@@ -37,7 +37,7 @@ from tideflow.compile.cluster_names import (
 )
 from tideflow.compile.gpu_products import gpu_products
 from tideflow.inventory import ClusterSpec, NodeGroup
-from tideflow.spec.teams import BorrowingRule, Team
+from tideflow.spec.teams import BorrowingRule, Team, device_label
 
 
 class QueueCompileError(ValueError):
@@ -60,7 +60,7 @@ class Flavor:
 
     @property
     def label(self) -> str:
-        return self.device_class if self.model is None else f"{self.model} {self.device_class}"
+        return device_label(self.device_class, self.model)
 
 
 @dataclass(frozen=True)

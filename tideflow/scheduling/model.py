@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from tideflow.spec.teams import device_label
+
 DeviceClass = Literal["cpu", "gpu", "npu"]
 
 
@@ -39,7 +41,7 @@ class GangRequest:
         return self.workers * self.devices_per_worker
 
     def label(self) -> str:
-        return self.device_class if self.model is None else f"{self.model} {self.device_class}"
+        return device_label(self.device_class, self.model)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from tideflow.scheduling.model import DeviceClass, GangRequest
+from tideflow.spec.teams import device_label
 
 if TYPE_CHECKING:
     from tideflow.inventory import ClusterSpec, Inventory
@@ -160,7 +161,7 @@ class TeamQuotaRow:
 
     @property
     def label(self) -> str:
-        return self.device_class if self.model is None else f"{self.model} {self.device_class}"
+        return device_label(self.device_class, self.model)
 
 
 def team_view(teams: Teams, leases: Sequence[Lease]) -> list[TeamQuotaRow]:

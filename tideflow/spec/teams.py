@@ -41,6 +41,11 @@ from tideflow.spec.yamlpos import Path, Positions, format_path
 PRIORITY_RANGE = (-1000, 100_000)
 
 
+def device_label(device_class: str, model: str | None) -> str:
+    """How a quota's devices are named to people: ``gpu``, or ``H100 gpu``."""
+    return device_class if model is None else f"{model} {device_class}"
+
+
 class PriorityClass(SpecModel):
     name: Name
     value: strict_int(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1]) = Field(  # type: ignore[valid-type]
@@ -84,7 +89,7 @@ class Quota(SpecModel):
         return (self.device, self.model)
 
     def label(self) -> str:
-        return self.device if self.model is None else f"{self.model} {self.device}"
+        return device_label(self.device, self.model)
 
 
 class Team(SpecModel):
@@ -313,7 +318,7 @@ def _is_int(value: Any) -> bool:
 
 def _label(key: tuple[Any, Any]) -> str:
     device, model = key
-    return str(device) if model is None else f"{model} {device}"
+    return device_label(str(device), None if model is None else str(model))
 
 
 def _path(edges: dict[str, set[str]], start: str, goal: str) -> list[str]:
