@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.tiers"]  # the unit/processes/servers/... markers
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 _SCRATCH = Path(tempfile.mkdtemp(prefix="tideflow-tests-"))

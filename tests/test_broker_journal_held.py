@@ -10,6 +10,8 @@ import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from tests.at_once import open_at_once
 from tideflow.broker import Action, PolicyConfig
 from tideflow.broker.journal import DecisionJournal
@@ -100,6 +102,7 @@ def test_an_old_journal_reads_its_decisions_as_held(tmp_path: Path) -> None:
     assert (entry.held_gpus, entry.gpus_held, entry.reason) == (None, 2, "old")
 
 
+@pytest.mark.processes
 def test_processes_opening_an_old_journal_at_once_all_upgrade_it(tmp_path: Path) -> None:
     """The broker DAG's sensor, its rebalance task and the page open the journal together
     after an upgrade; each adds the missing column. Four processes released together by

@@ -282,6 +282,7 @@ def _record_rising_counts(path: str, rounds: int, offset: int, together: Any) ->
         journal.record_preemptions(float(index), [PreemptionCount("w", count, 8, created_s=0.0)])
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("processes", [4])
 def test_concurrent_steps_count_each_preemption_once(tmp_path: Path, processes: int) -> None:
     """Several broker steps at once (the DAG's and a service's) over many rounds, each

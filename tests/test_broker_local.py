@@ -72,6 +72,7 @@ def load_now(actuator: LocalActuator, now: float, rps: float) -> Snapshot:
     )
 
 
+@pytest.mark.processes
 def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
     splits: dict[str, str], reference: tuple[int, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:
@@ -120,6 +121,7 @@ def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
     assert_same(weights, reference[1])
 
 
+@pytest.mark.processes
 def test_a_gang_still_running_after_the_grace_is_forced_and_its_work_accounted_lost(
     splits: dict[str, str], tmp_path: Path
 ) -> None:
@@ -165,6 +167,7 @@ def replace_grace(actuator: LocalActuator, grace_s: float) -> LocalActuator:
     )
 
 
+@pytest.mark.processes
 def test_an_elastic_gang_is_shrunk_not_stopped_and_goes_on_with_fewer_workers(
     splits: dict[str, str], tmp_path: Path
 ) -> None:

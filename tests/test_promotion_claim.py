@@ -38,6 +38,7 @@ def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return (tmp_path / "claims").as_uri()
 
 
+@pytest.mark.processes
 def test_exactly_one_process_wins_each_round(store_uri: str) -> None:
     context = multiprocessing.get_context("fork")
     barrier, out = context.Barrier(PROCESSES), context.Queue()

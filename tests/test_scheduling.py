@@ -236,6 +236,7 @@ def _hammer(path: str, seed: int, rounds: int) -> int:
     return granted
 
 
+@pytest.mark.processes
 def test_many_processes_never_double_book_a_device(tmp_path: Path) -> None:
     path = tmp_path / "leases.db"
     LeaseLedger(path, cluster(("h100", 3, "H100", 8)))

@@ -29,7 +29,7 @@ import pytest
 
 from tests.test_ui_page import XSS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.processes, pytest.mark.servers]
 
 OPEN, SECRET = "ui-open", "ui-secret"  # DAG ids; tests/ui_auth.py denies SECRET to reader
 PASSWORDS = {"admin": "admin-test-password", "reader": "reader-test-password"}

@@ -149,6 +149,7 @@ def xcom(dag_run: Any, task_id: str) -> Any:
         return None if row is None else XComModel.deserialize_value(row)
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_every_step_finds_the_pipelines_modules_with_args_and_context_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
