@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import Clock
 from tideflow.promotion.claim import RegistrationClaim
 from tideflow.storage import open_store
 
@@ -54,14 +55,6 @@ def test_exactly_one_process_wins_each_round(store_uri: str) -> None:
         assert process.exitcode == 0
     winners = [sum(won for r, _, won in results if r == index) for index in range(ROUNDS)]
     assert winners == [1] * ROUNDS
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_live_claim_holds_an_expired_one_is_taken_over(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes import Clock
 from tideflow.inventory import Inventory, Node
 from tideflow.scheduling import (
     GangRequest,
@@ -39,14 +40,6 @@ def gang(
     gang_id: str, workers: int, per: int, *, model: str | None = "H100", priority: int = 0
 ) -> GangRequest:
     return GangRequest(gang_id, "team", "gpu", model, workers, per, priority)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
