@@ -31,7 +31,8 @@ def _contend(uri: str, worker: int, sync: Any) -> None:
         out.put((round_index, worker, claim.try_acquire()))
 
 
-@pytest.fixture(params=["file", "s3"])
+# The s3 store starts the session's SeaweedFS: those tests are in the servers tier.
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.servers)])
 def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "s3":
         request.getfixturevalue("s3_endpoint")

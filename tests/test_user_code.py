@@ -21,6 +21,9 @@ from tideflow.backends.local import LocalBackend
 from tideflow.config import Settings
 from tideflow.gangs import gang_id_for
 
+# Each step runs its entry point in a process of its own (tideflow.steps.process).
+pytestmark = pytest.mark.processes
+
 MODULES = {
     "__init__.py": "",
     "prep.py": """\
@@ -149,7 +152,6 @@ def xcom(dag_run: Any, task_id: str) -> Any:
         return None if row is None else XComModel.deserialize_value(row)
 
 
-@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_every_step_finds_the_pipelines_modules_with_args_and_context_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

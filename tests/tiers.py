@@ -27,9 +27,10 @@ from __future__ import annotations
 import multiprocessing.process
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
@@ -63,8 +64,25 @@ class ProcessInUnitTestError(RuntimeError):
     """A ``unit`` test tried to start an OS process."""
 
 
-def _refuse(what: str) -> Callable[..., NoReturn]:
-    def refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
+# The standard library's own probes of the machine (``uname -p`` behind
+# platform.platform(), ``ldconfig -p`` behind ctypes.util.find_library()): libraries
+# run them on import, once, whatever the test; they are not the test's processes.
+PROBES = frozenset({"platform", "ctypes.util"})
+
+
+def _probing() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__") in PROBES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _refusing(original: Callable[..., Any], what: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        if _probing():
+            return original(*args, **kwargs)
         raise ProcessInUnitTestError(
             f"a `unit` test started a process ({what}): declare it with "
             "`pytestmark = pytest.mark.processes` (or mark the test) so that "
@@ -88,5 +106,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     patch = pytest.MonkeyPatch()
     for owner, name in SPAWNERS:
         if hasattr(owner, name):
-            patch.setattr(owner, name, _refuse(f"{getattr(owner, '__name__', owner)}.{name}"))
+            what = f"{getattr(owner, '__name__', owner)}.{name}"
+            patch.setattr(owner, name, _refusing(getattr(owner, name), what))
     session.config.add_cleanup(patch.undo)
