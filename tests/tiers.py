@@ -1,8 +1,9 @@
-"""The test tiers: every test gets exactly one tier marker, from what it needs.
+"""The test tiers: every test belongs to exactly one, given from what it needs.
 
 ========== ==================================================================
-unit       no OS process, no real server: pure Python, in-process fakes
-           (KubeFake, loopback fakes served from a thread). ``make test-fast``.
+unit       no OS process (but the standard library's probes, ``PROBES``), no
+           real server: pure Python and in-process fakes (KubeFake, loopback
+           fakes served from a thread). ``make test-fast``.
 processes  spawns OS processes: torch workers, gang supervisors, the CLI or a
            helper script in a subprocess. Declared per module or per test
            (``pytestmark = pytest.mark.processes``), or given by a fixture
