@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 .DEFAULT_GOAL := help
 
-.PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast test-torch-low lint fmt schema constraints bench docs clean
+.PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast test-processes test-servers test-research test-torch-low lint fmt schema constraints bench docs clean
 
 help: ## Show the available targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,11 +35,20 @@ cluster-down: ## Stop the local Kubernetes cluster
 cluster-pin: bootstrap ## Rewrite deploy/cluster/modules from deploy/cluster/versions.env (after changing a version)
 	$(PY) -m tideflow.stack.cluster.pin
 
-test: bootstrap ## Run every test (starts real servers for the `slow` ones)
+test: bootstrap ## Run every test, every tier (tests/tiers.py: unit, processes, servers, browser, cluster, research)
 	$(PY) -m pytest
 
-test-fast: bootstrap ## Run the tests that start no servers
-	$(PY) -m pytest -m "not slow and not cluster"
+test-fast: bootstrap ## Run the `unit` tier: no process, no server (a test that starts one fails)
+	$(PY) -m pytest -m unit
+
+test-processes: bootstrap ## Run the `processes` tier: tests that spawn workers, supervisors, CLIs
+	$(PY) -m pytest -m "processes and not servers and not browser and not cluster"
+
+test-servers: bootstrap ## Run the `servers` tier: tests that start S3, MLflow, Airflow
+	$(PY) -m pytest -m servers
+
+test-research: bootstrap ## Run the `research` tier: the tests of research/
+	$(PY) -m pytest -m research
 
 test-torch-low: bootstrap ## Run the runtime tests with the lowest torch the platform extra accepts (2.11; a second venv)
 	deploy/local/torch-range.sh

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.tiers"]  # the unit/processes/servers/... markers
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 _SCRATCH = Path(tempfile.mkdtemp(prefix="tideflow-tests-"))
@@ -92,9 +94,10 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 os.environ[key] = value
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mlflow_url(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real MLflow server (the stack's own start_mlflow) on the session's SeaweedFS."""
+    """A real MLflow server (the stack's own start_mlflow) on the session's SeaweedFS,
+    started once: each module names its experiments and models apart from the others'."""
     from tideflow.stack.processes import stop_group
     from tideflow.stack.services import Service, StackState, start_mlflow
 

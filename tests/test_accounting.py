@@ -277,6 +277,7 @@ def usage(day: Day, *args: str) -> subprocess.CompletedProcess[str]:
 WINDOW = ("--since", "2026-11-02", "--until", "2026-11-02T07:00")
 
 
+@pytest.mark.processes
 def test_usage_csv_by_team_has_the_split_and_the_months_budget(tmp_path: Path) -> None:
     day = Day(tmp_path)
     play(day)
@@ -336,6 +337,7 @@ def test_usage_csv_by_team_has_the_split_and_the_months_budget(tmp_path: Path) -
     assert (by_team["risk"]["device_hours"], by_team["risk"]["budget_used"]) == ("0.0000", "1.1000")
 
 
+@pytest.mark.processes
 def test_usage_csv_by_run_and_json_by_pipeline(tmp_path: Path) -> None:
     day = Day(tmp_path)
     play(day)
@@ -362,6 +364,7 @@ def test_usage_csv_by_run_and_json_by_pipeline(tmp_path: Path) -> None:
     assert "110%" in table.stdout and "BORROWED-H" in table.stdout
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("args", "names"),
     [
@@ -381,6 +384,7 @@ def test_usage_refuses_a_window_it_cannot_read(
         assert "ISO date or date-time" in done.stderr and "24h, 7d" in done.stderr
 
 
+@pytest.mark.processes
 def test_usage_without_a_ledger_prints_the_header_only(tmp_path: Path) -> None:
     day = Day(tmp_path)
     (day.home / "leases.db").unlink()
@@ -438,6 +442,7 @@ def two_models(tmp_path: Path) -> Day:
     return day
 
 
+@pytest.mark.processes
 def test_usage_rows_name_the_device_model_and_a_models_budget_counts_only_its_hours(
     tmp_path: Path,
 ) -> None:
@@ -514,6 +519,7 @@ CREATE TABLE usage (
 """
 
 
+@pytest.mark.processes
 def test_a_ledger_written_before_models_keeps_its_rows_their_model_unknown(
     tmp_path: Path,
 ) -> None:
@@ -551,6 +557,7 @@ def _open_ledger(path: Path, cluster: Path) -> None:
     LeaseLedger(path, load_cluster(cluster))
 
 
+@pytest.mark.processes
 def test_processes_opening_an_old_ledger_at_once_all_upgrade_it(tmp_path: Path) -> None:
     """The scheduler, workers and triggerer open the ledger together after an upgrade:
     each reads the usage table's columns and adds the missing one, so without one

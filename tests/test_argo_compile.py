@@ -81,6 +81,7 @@ def test_compiling_is_a_pure_function_of_spec_and_settings(repo: Path) -> None:
     assert other != first and "namespace: ml" in other and "r.example/tideflow:2" in other
 
 
+@pytest.mark.processes
 def test_the_core_compiler_imports_no_hera() -> None:
     code = (
         "import sys, tideflow.kube.argo, tideflow.compile.templates, tideflow.steps.standalone;"
@@ -588,6 +589,7 @@ def test_a_gang_needs_a_command_entry_point(repo: Path) -> None:
 # -- the command line -------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_cli_writes_the_workflow_template(repo: Path, tmp_path: Path) -> None:
     from tideflow.kube.settings import kube_settings_from_env
 
@@ -606,6 +608,7 @@ def test_cli_writes_the_workflow_template(repo: Path, tmp_path: Path) -> None:
     assert airflow.returncode == 0 and airflow.stdout == plan.stdout
 
 
+@pytest.mark.processes
 def test_cli_reports_an_uncompilable_pipeline_like_validate(repo: Path) -> None:
     done = tideflow("compile", "--target", "argo", "tests/data/pipelines/full.yaml", cwd=repo)
     assert done.returncode == 1 and "Traceback" not in done.stderr

@@ -31,6 +31,8 @@ from tideflow.argo import compile_pipeline
 from tideflow.inventory import inventory_for
 from tideflow.kube import KubeSettings
 
+pytestmark = pytest.mark.processes
+
 NS = "tideflow"
 LABEL = "kueue.x-k8s.io/priority-class"
 JOBSETS = ("jobset.x-k8s.io/v1alpha2", "JobSet")

@@ -39,6 +39,8 @@ from tests.user_code.plain_ddp import TORCHRUN_VARIABLES
 from tideflow.argo import compile_pipeline
 from tideflow.kube import KubeSettings
 
+pytestmark = pytest.mark.processes
+
 NS = "tideflow"
 JOBS = ("batch.volcano.sh/v1alpha1", "Job")
 

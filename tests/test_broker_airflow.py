@@ -70,6 +70,7 @@ def test_load_trigger_fires_when_the_policy_wants_more_inference(
     assert event["inference_gpus"] == 16  # 10 GPUs wanted, in whole 8-GPU nodes
 
 
+@pytest.mark.processes
 def test_dag_test_rebalances_and_the_sensor_then_skips(
     broker_env: dict[str, Path], airflow_home: Path, repo: Path
 ) -> None:

@@ -10,10 +10,12 @@ import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from tests.at_once import open_at_once
+from tests.fakes import WindowedLoad
 from tideflow.broker import Action, PolicyConfig
 from tideflow.broker.journal import DecisionJournal
-from tideflow.broker.load import LoadSample
 from tideflow.broker.local import LocalActuator
 from tideflow.broker.service import coverage, rebalance_once, served_windows
 from tideflow.inventory import Inventory, Node, load_cluster
@@ -35,17 +37,8 @@ INSERT INTO decisions VALUES (600, 'grow', 2, 2, 12.0, 12.0, 2, 2, 0, '[]', 'old
 """
 
 
-class Steady:
-    """The same load in every 10-minute window (12 rps: 2 GPUs at 10 rps each)."""
-
-    window_s = 600.0
-
-    def __init__(self, rps: float = 12.0) -> None:
-        self.rps = rps
-
-    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
-        first = max(0, int(start_s // 600) + (start_s % 600 > 0))
-        return [LoadSample(i * 600.0, self.rps) for i in range(first, int(end_s // 600))]
+# The same load in every 10-minute window (12 rps: 2 GPUs at 10 rps each).
+STEADY = WindowedLoad(12.0, ended_only=True)
 
 
 def lab(tmp_path: Path) -> tuple[LeaseLedger, LocalActuator]:
@@ -57,14 +50,14 @@ def lab(tmp_path: Path) -> tuple[LeaseLedger, LocalActuator]:
 def test_a_dry_run_is_judged_by_the_gpus_held_not_those_decided(tmp_path: Path) -> None:
     _, actuator = lab(tmp_path)
     journal = DecisionJournal(tmp_path / "broker.db")
-    first, _ = rebalance_once(Steady(), actuator, CONFIG, journal, now_s=7200.0, act=False)
+    first, _ = rebalance_once(STEADY, actuator, CONFIG, journal, now_s=7200.0, act=False)
     assert first.action is Action.GROW and first.inference_gpus == 2
-    rebalance_once(Steady(), actuator, CONFIG, journal, now_s=7800.0, act=False)
+    rebalance_once(STEADY, actuator, CONFIG, journal, now_s=7800.0, act=False)
     entries = journal.since(0)
     assert [(e.inference_gpus, e.gpus_held) for e in entries] == [(2, 0), (2, 0)]
     # The window after the first step needed 2 GPUs; inference held none of them.
     assert coverage(entries, 600.0) == [False]
-    assert [w.gpus for w in served_windows(Steady(), entries, 7200.0, 7800.0)] == [0]
+    assert [w.gpus for w in served_windows(STEADY, entries, 7200.0, 7800.0)] == [0]
 
 
 def test_a_growth_the_actuator_could_not_complete_counts_what_it_reached(
@@ -82,7 +75,7 @@ def test_a_growth_the_actuator_could_not_complete_counts_what_it_reached(
     actuator = LocalActuator(ledger, None, node_gpus=1, poll_s=0.01)
     config = replace(CONFIG, total_gpus=3)
     journal = DecisionJournal(tmp_path / "broker.db")
-    load = Steady(rps=30.0)
+    load = WindowedLoad(30.0, ended_only=True)
     decision, applied = rebalance_once(load, actuator, config, journal, now_s=7200.0)
     assert decision.inference_gpus == 3 and applied is not None
     assert applied.inference_gpus == 2 and "capped at inference's quota of 2" in applied.note
@@ -100,6 +93,7 @@ def test_an_old_journal_reads_its_decisions_as_held(tmp_path: Path) -> None:
     assert (entry.held_gpus, entry.gpus_held, entry.reason) == (None, 2, "old")
 
 
+@pytest.mark.processes
 def test_processes_opening_an_old_journal_at_once_all_upgrade_it(tmp_path: Path) -> None:
     """The broker DAG's sensor, its rebalance task and the page open the journal together
     after an upgrade; each adds the missing column. Four processes released together by
@@ -115,17 +109,8 @@ def test_processes_opening_an_old_journal_at_once_all_upgrade_it(tmp_path: Path)
         assert columns.count("held_gpus") == 1
 
 
-class Jump:
-    """10 rps (one GPU at 10 rps each) until window 200, then 30 rps (three GPUs)."""
-
-    window_s = 600.0
-
-    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
-        first = max(0, int(start_s // 600) + (start_s % 600 > 0))
-        return [
-            LoadSample(i * 600.0, 10.0 if i < 200 else 30.0)
-            for i in range(first, int(end_s // 600))
-        ]
+# 10 rps (one GPU at 10 rps each) until window 200, then 30 rps (three GPUs).
+JUMP = WindowedLoad(lambda start: 10.0 if start < 200 * 600.0 else 30.0, ended_only=True)
 
 
 def test_a_second_step_in_the_window_does_not_erase_the_miss_the_first_grew_for(
@@ -141,7 +126,7 @@ def test_a_second_step_in_the_window_does_not_erase_the_miss_the_first_grew_for(
     config = replace(CONFIG, total_gpus=4, lost_work_budget=None)
     journal = DecisionJournal(tmp_path / "broker.db")
     for at_s in (200 * 600 + 10, 201 * 600 + 10, 201 * 600 + 70):
-        rebalance_once(Jump(), actuator, config, journal, now_s=at_s)
+        rebalance_once(JUMP, actuator, config, journal, now_s=at_s)
     entries = journal.since(0)
     assert [e.gpus_held for e in entries][:2] == [1, 3]  # the first step grew
     assert entries[1].emergency and entries[2].needed == 3

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import WindowedLoad
 from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.fake import documents
 from tests.kubefake.volcano_queue_webhook import validate_queue
@@ -276,15 +277,7 @@ def test_told_the_nodes_the_policy_empties_one_instead_of_counting_spread_idle_g
     gang; told the nodes, it stops the gang of one node and that node is taken."""
     from tideflow.broker import PolicyConfig
     from tideflow.broker.journal import DecisionJournal
-    from tideflow.broker.load import LoadSample
     from tideflow.broker.service import observe
-
-    class Steady:
-        window_s = 600.0
-
-        def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
-            first = max(0, int(start_s // 600) + 1)
-            return [LoadSample(i * 600.0, 10.0) for i in range(first, int(end_s // 600))]
 
     fake, api = cluster
     for name, gang, gpus, node in (
@@ -299,12 +292,16 @@ def test_told_the_nodes_the_policy_empties_one_instead_of_counting_spread_idle_g
     target = ClusterTarget(namespace=NS, queue_kind="volcano")
     counting = KubernetesActuator(api, target)
     assert counting.empty_nodes() is None
-    counted = decide(observe(Steady(), counting, config, journal, 7200.0), config)
+    counted = decide(
+        observe(WindowedLoad(10.0, ended_only=True), counting, config, journal, 7200.0), config
+    )
     assert counted.reclaims == (), counted
 
     actuator = KubernetesActuator(api, target, node_gpus=8)
     assert actuator.empty_nodes() == 0 and actuator.pinned_nodes() == frozenset()
-    decision = decide(observe(Steady(), actuator, config, journal, 7200.0), config)
+    decision = decide(
+        observe(WindowedLoad(10.0, ended_only=True), actuator, config, journal, 7200.0), config
+    )
     assert decision.inference_gpus == 16
     assert [r.gang_id for r in decision.reclaims] == ["job-c"]  # job-b's class is higher
     applied = actuator.apply(decision)

@@ -21,29 +21,18 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import WindowedLoad
 from tests.kubefake import KubeFake
 from tests.test_broker_kubernetes import BROKER, NS, Cluster
 from tideflow.broker import PolicyConfig
 from tideflow.broker.journal import DecisionJournal
 from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator
-from tideflow.broker.load import LoadSample
 from tideflow.broker.service import BUDGET_S, lend_bound, rebalance_once
 
 CONFIG = PolicyConfig(total_gpus=32, per_gpu_rps=1.0, node_gpus=8, headroom=0.0)
 STEP = 600.0
-
-
-class Flat:
-    window_s = STEP
-
-    def __init__(self, rate: float = 5.0) -> None:
-        self.rate = rate
-
-    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
-        first = math.ceil(start_s / STEP) * STEP
-        return [
-            LoadSample(first + i * STEP, self.rate) for i in range(int((end_s - first) // STEP))
-        ]
+# 5 rps in every window, the ones before time 0 included (a week of history at 7200 s).
+FLAT = WindowedLoad(5.0, STEP, ended_only=True, from_s=-math.inf)
 
 
 @pytest.fixture
@@ -74,7 +63,13 @@ def test_each_step_journals_the_gpus_training_held_and_the_gpus_it_evicted(
     journal = DecisionJournal(tmp_path / "broker.db")
     actuator = actuator_for(fake, api)
 
-    decision, applied = rebalance_once(Flat(20.0), actuator, CONFIG, journal, now_s=7200.0)
+    decision, applied = rebalance_once(
+        WindowedLoad(20.0, STEP, ended_only=True, from_s=-math.inf),
+        actuator,
+        CONFIG,
+        journal,
+        now_s=7200.0,
+    )
 
     assert [r.gang_id for r in decision.reclaims] == ["job-a"]
     assert sorted(applied.evicted_pods) == ["job-a-worker-0", "job-a-worker-1"]
@@ -97,16 +92,16 @@ def test_the_kubernetes_broker_weighs_its_journal_against_the_budget(
     actuator = actuator_for(fake, api)
     start = 10 * 86400.0
     for index in range(144):  # a day of steps at the flat load: nothing to move
-        rebalance_once(Flat(), actuator, CONFIG, journal, now_s=start + index * STEP)
+        rebalance_once(FLAT, actuator, CONFIG, journal, now_s=start + index * STEP)
     now = start + 144 * STEP
     work = journal.training_work(now - BUDGET_S, now)
     assert work is not None and work.stopped_gpus == 0
     assert work.trained_gpu_s == pytest.approx(20 * 86400.0)
 
-    under = lend_bound(Flat(), actuator, CONFIG, now, journal)
+    under = lend_bound(FLAT, actuator, CONFIG, now, journal)
     assert under is not None and under.margin == pytest.approx(-0.25)
     assert "lost work 0.0 of a 4.8 GPU-h budget" in under.reason
-    decision, _ = rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now)
+    decision, _ = rebalance_once(FLAT, actuator, CONFIG, journal, now_s=now)
     assert "lend bound x0.78" in decision.reason
 
     for index in range(4):
@@ -119,7 +114,7 @@ def test_the_kubernetes_broker_weighs_its_journal_against_the_budget(
             training_gpus=20,
             stopped_gpus=16,
         )
-    over = lend_bound(Flat(), actuator, CONFIG, now + STEP, journal)
+    over = lend_bound(FLAT, actuator, CONFIG, now + STEP, journal)
     assert over is not None and over.margin == 0.0
     assert "lost work 6.4 of a 4.8 GPU-h budget" in over.reason
 
@@ -246,14 +241,14 @@ def test_kueues_preemptions_of_training_count_against_the_budget_once_each(
     other = fake.fake.create(workload("notebook", 1, 8, gang=False))  # no tideflow gang
     start = time.time() + 1.0  # the steps' clock: the workloads above came before it
     for index in range(144):  # a day of steps, training on 20 GPUs, nothing stopped
-        rebalance_once(Flat(), actuator, CONFIG, journal, now_s=start + index * STEP)
+        rebalance_once(FLAT, actuator, CONFIG, journal, now_s=start + index * STEP)
     now = start + 144 * STEP
-    assert "lend bound x0.78" in rebalance_once(Flat(), actuator, CONFIG, journal, now)[0].reason
+    assert "lend bound x0.78" in rebalance_once(FLAT, actuator, CONFIG, journal, now)[0].reason
 
     fake.fake.set_status(a, preempted(1))
     fake.fake.set_status(other, preempted(4))
-    rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now + STEP)
-    rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now + 2 * STEP)  # no rise: 0
+    rebalance_once(FLAT, actuator, CONFIG, journal, now_s=now + STEP)
+    rebalance_once(FLAT, actuator, CONFIG, journal, now_s=now + 2 * STEP)  # no rise: 0
     # admitted again and preempted twice more between two steps (the Evicted condition
     # may be False by then: the count still rose)
     fake.fake.set_status(a, {"schedulingStats": preempted(3)["schedulingStats"]})
@@ -261,12 +256,12 @@ def test_kueues_preemptions_of_training_count_against_the_budget_once_each(
         time.sleep(0.1)
     late = fake.fake.create(workload("train-late", 1, 4, limits_only=True))
     fake.fake.set_status(late, preempted(1))  # created while watched: counted from zero
-    rebalance_once(Flat(), actuator, CONFIG, journal, now_s=now + 3 * STEP)
+    rebalance_once(FLAT, actuator, CONFIG, journal, now_s=now + 3 * STEP)
 
     work = journal.training_work(now - BUDGET_S, now + 4 * STEP)
     assert work is not None and work.stopped_gpus == 16 * 3 + 4
     # 52 x 360 GPU-s is 5.2 GPU-h lost, over 1% of the 20 GPUs' day
-    over = lend_bound(Flat(), actuator, CONFIG, now + 4 * STEP, journal)
+    over = lend_bound(FLAT, actuator, CONFIG, now + 4 * STEP, journal)
     assert over is not None and over.margin == 0.0
     assert "lost work 5.2 of a 4.9 GPU-h budget" in over.reason
 
@@ -282,6 +277,7 @@ def _record_rising_counts(path: str, rounds: int, offset: int, together: Any) ->
         journal.record_preemptions(float(index), [PreemptionCount("w", count, 8, created_s=0.0)])
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("processes", [4])
 def test_concurrent_steps_count_each_preemption_once(tmp_path: Path, processes: int) -> None:
     """Several broker steps at once (the DAG's and a service's) over many rounds, each

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import Clock
 from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.kueue import NotAdmittedError
 from tests.kubefake.volcano_queue_webhook import validate_queue
@@ -76,22 +77,6 @@ def compiled(path: Path, engine: str) -> list[dict[str, Any]]:
     spec = load_model(path, ClusterSpec)
     objects, _ = (kueue_objects if engine == "kueue" else volcano_objects)(spec)
     return objects
-
-
-class Clock:
-    """The broker's clock and sleep: waiting advances time (the PDB may then allow more)."""
-
-    def __init__(self, on_sleep: Any = None) -> None:
-        self.now = 0.0
-        self.on_sleep = on_sleep
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        if self.on_sleep is not None:
-            self.on_sleep(self.now)
 
 
 def gang_pod(name: str, gang: str, team: str | None, gpus: int = 8) -> dict[str, Any]:
@@ -178,7 +163,7 @@ class Cluster:
     def actuator(
         self, clock: Clock | None = None, grace_s: float = 30.0, *, given_file: bool = True
     ) -> KubernetesActuator:
-        clock = clock or Clock()
+        clock = clock or Clock(0.0)
         target = ClusterTarget(
             namespace=NS,
             queue_kind=self.engine,
@@ -237,7 +222,7 @@ def test_the_broker_is_capped_at_inferences_quota_and_reclaims_its_borrower_with
     cluster.run("vision-borrows", "vision", "gpu-2", "2026-11-23T07:00:00Z")
     cluster.run("nlp-own", "nlp", "gpu-3", "2026-11-23T05:00:00Z")
     cluster.budget("vision-borrows", 0)  # refuses until 100 s have passed
-    clock = Clock(on_sleep=lambda now: cluster.budget("vision-borrows", int(now >= 100)))
+    clock = Clock(0.0, on_sleep=lambda now: cluster.budget("vision-borrows", int(now >= 100)))
     actuator = cluster.actuator(clock, grace_s=30)
 
     applied = actuator.apply(to(32, "vision-own", "nlp-own", "vision-borrows"))
@@ -630,7 +615,7 @@ def wait_on_the_borrower(fake: KubeFake, tmp_path: Path, *, cordon: bool) -> Any
             node["spec"] = spec | ({"unschedulable": True} if cordon else {})
             fake.seed(node)
 
-    applied = cluster.actuator(Clock(on_sleep=meanwhile)).apply(to(16, "vision-borrows"))
+    applied = cluster.actuator(Clock(0.0, on_sleep=meanwhile)).apply(to(16, "vision-borrows"))
     assert applied.evicted_pods == ("vision-borrows-0",)
     return cluster, applied
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.fakes import WindowedLoad
 from tests.test_runtime_distributed import (
     assert_same,
     final_weights,
@@ -27,7 +28,6 @@ from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.broker import Action, Forecast, PolicyConfig, Snapshot, decide
 from tideflow.broker.journal import DecisionJournal
-from tideflow.broker.load import LoadSample
 from tideflow.broker.local import INFERENCE_PREFIX, LocalActuator
 from tideflow.broker.service import rebalance_once
 from tideflow.checkpoint import CheckpointManager
@@ -72,6 +72,7 @@ def load_now(actuator: LocalActuator, now: float, rps: float) -> Snapshot:
     )
 
 
+@pytest.mark.processes
 def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
     splits: dict[str, str], reference: tuple[int, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:
@@ -120,6 +121,7 @@ def test_reclaimed_gang_checkpoints_waits_and_resumes_bitwise_equal(
     assert_same(weights, reference[1])
 
 
+@pytest.mark.processes
 def test_a_gang_still_running_after_the_grace_is_forced_and_its_work_accounted_lost(
     splits: dict[str, str], tmp_path: Path
 ) -> None:
@@ -165,6 +167,7 @@ def replace_grace(actuator: LocalActuator, grace_s: float) -> LocalActuator:
     )
 
 
+@pytest.mark.processes
 def test_an_elastic_gang_is_shrunk_not_stopped_and_goes_on_with_fewer_workers(
     splits: dict[str, str], tmp_path: Path
 ) -> None:
@@ -204,25 +207,11 @@ def test_an_elastic_gang_is_shrunk_not_stopped_and_goes_on_with_fewer_workers(
     assert actuator.inference_gpus() == 1
 
 
-class _Series:
-    window_s = 600.0
-
-    def __init__(self, rates: list[float]) -> None:
-        self.rates = rates
-
-    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
-        return [
-            LoadSample(i * 600.0, r)
-            for i, r in enumerate(self.rates)
-            if start_s <= i * 600.0 < end_s
-        ]
-
-
 def test_a_broker_step_records_its_decision_and_reason(tmp_path: Path) -> None:
     ledger = lab(tmp_path)
     actuator = LocalActuator(ledger, None, node_gpus=1, grace_s=1)
     journal = DecisionJournal(tmp_path / "broker.db")
-    load = _Series([12.0] * 12)  # two hours at 12 rps: needs 2 GPUs at 10 rps each
+    load = WindowedLoad.series([12.0] * 12)  # two hours at 12 rps: needs 2 GPUs at 10 rps each
     decision, applied = rebalance_once(load, actuator, CONFIG, journal, now_s=12 * 600.0)
     assert decision.action is Action.GROW and applied is not None and applied.complete
     assert actuator.inference_gpus() == 2
@@ -236,8 +225,8 @@ def test_no_lending_on_a_silent_metric(tmp_path: Path, gap: float | None) -> Non
     ledger = lab(tmp_path)
     actuator = LocalActuator(ledger, None, node_gpus=1)
     journal = DecisionJournal(tmp_path / "broker.db")
-    rebalance_once(_Series([12.0] * 12), actuator, CONFIG, journal, now_s=12 * 600.0)
-    silent = _Series([12.0] * 12 + [gap])  # type: ignore[list-item]
+    rebalance_once(WindowedLoad.series([12.0] * 12), actuator, CONFIG, journal, now_s=12 * 600.0)
+    silent = WindowedLoad.series([12.0] * 12 + [gap])  # type: ignore[list-item]
     decision, _ = rebalance_once(silent, actuator, CONFIG, journal, now_s=13 * 600.0)
     assert decision.action is Action.HOLD and actuator.inference_gpus() == 2
     assert decision.needed_now is None  # the silent window is a gap, not zero load

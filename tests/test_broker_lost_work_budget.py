@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes import Clock, WindowedLoad
 from tideflow.broker import PolicyConfig
 from tideflow.broker.journal import DecisionJournal
-from tideflow.broker.load import LoadSample
 from tideflow.broker.local import LocalActuator
 from tideflow.broker.service import (
     BUDGET_S,
@@ -34,26 +34,11 @@ DAY = 86400.0
 CONFIG = PolicyConfig(total_gpus=4, per_gpu_rps=10.0, node_gpus=1, min_inference_gpus=0)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Flat:
-    """A steady load: 10 rps in every 10-minute window."""
-
-    window_s = 600.0
-
-    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
-        first = math.ceil(start_s / 600.0) * 600.0
-        return [LoadSample(first + i * 600.0, 10.0) for i in range(int((end_s - first) // 600))]
+FLAT = WindowedLoad(10.0, ended_only=True)  # a steady load: 10 rps in every 10-minute window
 
 
 def lab(tmp_path: Path) -> tuple[LeaseLedger, LocalActuator, Clock]:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     nodes = tuple(Node(f"n{i}", 8, "gpu", "T4", 1) for i in range(4))
     ledger = LeaseLedger(
         tmp_path / "leases.db", Inventory("lab", nodes, declared=True), clock=clock
@@ -77,7 +62,7 @@ def test_under_budget_the_lend_bound_shrinks_to_its_floor(tmp_path: Path) -> Non
     run(
         ledger, clock, "a", 4, hours=24, how="released"
     )  # a day of the whole lab trained, nothing lost
-    bound = lend_bound(Flat(), actuator, CONFIG, clock.now)
+    bound = lend_bound(FLAT, actuator, CONFIG, clock.now)
     # budget 1% of 96 GPU-h, a day's budget of the lab is 0.96 GPU-h: margin -1 -> floor
     assert bound is not None and bound.margin == pytest.approx(-0.25)
     assert "lost work 0.0 of a 1.0 GPU-h budget" in bound.reason
@@ -93,13 +78,13 @@ def test_each_stop_costs_its_checkpoint_and_restart_and_a_forced_one_its_lost_wo
     work = actuator.training_work(clock.now - BUDGET_S, clock.now)
     assert (work.stopped_gpus, work.recorded_lost_gpu_s) == (2, 0.0)
     assert work.trained_gpu_s == pytest.approx((96 + 2) * 3600)
-    under = lend_bound(Flat(), actuator, CONFIG, clock.now)
+    under = lend_bound(FLAT, actuator, CONFIG, clock.now)
     assert under is not None
     # (0.2 - 0.98) GPU-h over the 0.96 GPU-h scale: -0.81, still the floor
     assert under.margin == pytest.approx(-0.25)
 
     run(ledger, clock, "c", 2, hours=2, how="forced")  # 2 GPU-h lost + 0.2 GPU-h of restarts
-    over = lend_bound(Flat(), actuator, CONFIG, clock.now)
+    over = lend_bound(FLAT, actuator, CONFIG, clock.now)
     assert over is not None and over.margin == 0.0  # over budget: the fixed bound
     assert "lost work 2.4 of a 1.0 GPU-h budget" in over.reason
     assert "lend bound x1.00" in over.reason
@@ -112,13 +97,13 @@ def test_the_budget_weighs_the_past_week_only(tmp_path: Path) -> None:
     clock.now += BUDGET_S + 1  # a week later: neither the training nor the loss counts
     work = actuator.training_work(clock.now - BUDGET_S, clock.now)
     assert (work.trained_gpu_s, work.stopped_gpus, work.recorded_lost_gpu_s) == (0.0, 0, 0.0)
-    assert lend_bound(Flat(), actuator, CONFIG, clock.now) is None  # the fixed bound
+    assert lend_bound(FLAT, actuator, CONFIG, clock.now) is None  # the fixed bound
 
 
 def test_the_inference_reservations_are_not_training(tmp_path: Path) -> None:
     _, actuator, clock = lab(tmp_path)
     journal = DecisionJournal(tmp_path / "broker.db")
-    rebalance_once(Flat(), actuator, CONFIG, journal, now_s=clock.now)
+    rebalance_once(FLAT, actuator, CONFIG, journal, now_s=clock.now)
     assert actuator.inference_gpus() > 0
     clock.now += DAY
     assert actuator.training_work(clock.now - BUDGET_S, clock.now).trained_gpu_s == 0.0
@@ -128,14 +113,14 @@ def test_the_lend_forecast_is_scaled_and_the_decision_says_so(tmp_path: Path) ->
     ledger, actuator, clock = lab(tmp_path)
     run(ledger, clock, "a", 4, hours=24, how="released")
     journal = DecisionJournal(tmp_path / "broker.db")
-    fixed = observe(Flat(), actuator, CONFIG, journal, clock.now)
-    spent = observe(Flat(), actuator, CONFIG, journal, clock.now, lend_margin=-0.25)
+    fixed = observe(FLAT, actuator, CONFIG, journal, clock.now)
+    spent = observe(FLAT, actuator, CONFIG, journal, clock.now, lend_margin=-0.25)
     assert fixed.lend_forecast is not None and spent.lend_forecast is not None
     assert fixed.lend_forecast.upper is not None and spent.lend_forecast.upper is not None
     assert spent.lend_forecast.upper == pytest.approx(fixed.lend_forecast.upper * math.exp(-0.25))
     assert spent.forecast == fixed.forecast  # the next window's bound is the SLO's, untouched
 
-    decision, _ = rebalance_once(Flat(), actuator, CONFIG, journal, now_s=clock.now)
+    decision, _ = rebalance_once(FLAT, actuator, CONFIG, journal, now_s=clock.now)
     assert "lend bound x0.78" in decision.reason
     (entry,) = journal.since(0)
     assert entry.reason == decision.reason
@@ -147,9 +132,9 @@ def test_no_budget_is_the_fixed_bound(tmp_path: Path) -> None:
     fixed = PolicyConfig(
         total_gpus=4, per_gpu_rps=10.0, node_gpus=1, min_inference_gpus=0, lost_work_budget=None
     )
-    assert lend_bound(Flat(), actuator, fixed, clock.now) is None
+    assert lend_bound(FLAT, actuator, fixed, clock.now) is None
     decision, _ = rebalance_once(
-        Flat(), actuator, fixed, DecisionJournal(tmp_path / "b.db"), now_s=clock.now
+        FLAT, actuator, fixed, DecisionJournal(tmp_path / "b.db"), now_s=clock.now
     )
     assert "lend bound" not in decision.reason
 

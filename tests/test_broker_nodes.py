@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from tests.test_broker_journal_held import CONFIG, Steady
+from tests.fakes import WindowedLoad
+from tests.test_broker_journal_held import CONFIG
 from tideflow.broker.journal import DecisionJournal
 from tideflow.broker.local import LocalActuator
 from tideflow.broker.service import rebalance_once
@@ -53,7 +54,7 @@ def test_the_local_broker_grows_onto_a_node_it_empties_not_onto_spread_idle_gpus
     actuator = LocalActuator(ledger, None, node_gpus=2, poll_s=0.01)
     config = replace(CONFIG, total_gpus=8, node_gpus=2, min_inference_gpus=2)
     journal = DecisionJournal(tmp_path / "broker.db")
-    rebalance_once(Steady(rps=12.0), actuator, config, journal, now_s=7200.0)
+    rebalance_once(WindowedLoad(12.0, ended_only=True), actuator, config, journal, now_s=7200.0)
     assert actuator.inference_gpus() == 2
     held = {}
     for gang in ("a", "x", "b", "y"):  # packed: a, x on one node; b, y on another
@@ -67,7 +68,9 @@ def test_the_local_broker_grows_onto_a_node_it_empties_not_onto_spread_idle_gpus
     assert isinstance(filler, Lease)  # the empty node is taken too: 2 idle, spread
     assert actuator.idle_training_gpus() == 2 and actuator.empty_nodes() == 0
 
-    decision, applied = rebalance_once(Steady(rps=22.0), actuator, config, journal, now_s=7800.0)
+    decision, applied = rebalance_once(
+        WindowedLoad(22.0, ended_only=True), actuator, config, journal, now_s=7800.0
+    )
     assert decision.inference_gpus == 4 and applied is not None and applied.complete
     assert actuator.inference_gpus() == 4
     assert len(decision.reclaims) == 1 and decision.reclaims[0].gang_id in {"a", "b"}

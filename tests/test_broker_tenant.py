@@ -62,6 +62,7 @@ def to(gpus: int) -> BrokerDecision:
     return BrokerDecision(action, gpus, None, None, reason=f"test: inference to {gpus}")
 
 
+@pytest.mark.processes
 def test_lent_gpus_are_borrowed_under_the_rules_and_reclaimed_with_a_checkpoint(
     splits: dict[str, str], reference: tuple[int, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:

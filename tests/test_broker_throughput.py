@@ -14,17 +14,16 @@ source is read from the canned ``query_range`` answers of
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.fakes import WindowedLoad
 from tests.test_broker_load import _PrometheusAnswers, prometheus
 from tideflow.broker.journal import DecisionJournal, DecisionRecord
 from tideflow.broker.load import (
-    LoadSample,
     LoadSourceError,
     PrometheusSignal,
     ServedWindow,
@@ -218,14 +217,7 @@ def test_what_was_learned_outlives_the_history_it_was_learned_from() -> None:
     assert recorded("per-GPU throughput 30 rps as configured: 3 of 36 windows", 30.0) is None
 
 
-class _Steps:
-    """A load of fixed windows, for the GPUs-per-window join."""
-
-    window_s = 600.0
-
-    def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
-        first = math.ceil(start_s / 600) * 600
-        return [LoadSample(t, 100.0) for t in range(int(first), int(end_s), 600)]
+STEPS = WindowedLoad(100.0)  # a load of fixed windows, for the GPUs-per-window join
 
 
 def decided(at_s: float, gpus: int) -> DecisionRecord:
@@ -237,7 +229,7 @@ def test_a_window_counts_only_when_inference_held_the_same_gpus_through_it() -> 
     it teaches nothing (its latency mixes two allocations); before the first decision,
     nothing; the window still running is left out."""
     entries = [decided(300, 4), decided(900, 8), decided(1500, 6), decided(2100, 6)]
-    assert served_windows(_Steps(), entries, 0.0, 2500.0) == [
+    assert served_windows(STEPS, entries, 0.0, 2500.0) == [
         ServedWindow(0.0, 100.0, 0),  # nothing journaled before 300 s: inference unknown
         ServedWindow(600.0, 100.0, 0),  # 4 from 300 s, then 8 from 900 s
         ServedWindow(1200.0, 100.0, 0),  # 8, then 6 from 1500 s
@@ -245,7 +237,7 @@ def test_a_window_counts_only_when_inference_held_the_same_gpus_through_it() -> 
     ]
     # Settled: the GPUs must also have been held this long before the window.
     entries = [decided(0, 4), decided(300, 4), decided(900, 8), decided(1500, 8)]
-    assert [w.gpus for w in served_windows(_Steps(), entries, 0.0, 3000.0, 600.0)] == [
+    assert [w.gpus for w in served_windows(STEPS, entries, 0.0, 3000.0, 600.0)] == [
         0,  # nothing journaled 600 s before it
         0,  # 4, then 8 from 900 s
         0,  # 8 since 900 s, but 4 within the 600 s before it
@@ -271,19 +263,12 @@ def test_breaches_from_before_a_grow_are_not_charged_to_the_gpus_after_it() -> N
     10 minutes keeps breaking for 10 minutes after, at a per-GPU rate (7.5) below the
     true capacity (10). Those windows must not teach that capacity is 7.5."""
 
-    class Minutes:
-        window_s = 60.0
-
-        def samples(self, start_s: float, end_s: float) -> list[LoadSample]:
-            first = math.ceil(start_s / 60) * 60
-            return [LoadSample(t, 180.0) for t in range(int(first), int(end_s), 60)]
-
     def gpus_at(t: float) -> int:
         return 16 if t < 600 else 24
 
     latency = _LaggingLatency(gpus_at, 180.0, 10.0)
     entries = [decided(t, gpus_at(t)) for t in range(0, 3600, 60)]
-    windows = served_windows(Minutes(), entries, 0.0, 3600.0, 900.0)
+    windows = served_windows(WindowedLoad(180.0, 60.0), entries, 0.0, 3600.0, 900.0)
     observations = [Served(w.rate, w.gpus, latency(w.start_s)) for w in windows]
     learned = ThroughputLearner().learn(observations, 10.0, 1.0, start=10.0)
     assert learned.rps >= 10.0

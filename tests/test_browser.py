@@ -31,7 +31,7 @@ import pytest
 from tests.conftest import running_stack
 from tideflow.stack.airflow_api import AirflowApi
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.browser
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

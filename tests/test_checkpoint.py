@@ -139,12 +139,14 @@ def crash_trials(uri: str, trials: int, seed: int, check: CheckpointManager) -> 
     return committed_seen
 
 
+@pytest.mark.processes
 def test_kill_9_during_writes_never_exposes_a_torn_checkpoint(tmp_path: Path) -> None:
     uri = (tmp_path / "ckpt").as_uri()
     committed = crash_trials(uri, 100, seed=7, check=CheckpointManager(uri))
     assert committed > 50  # most kills land after at least one commit
 
 
+@pytest.mark.processes
 def test_s3_round_trip_multipart_and_crash_consistency(s3_endpoint: str) -> None:
     """Against the real SeaweedFS server started by the `s3_endpoint` fixture."""
     uri = "s3://tideflow/tests/checkpoints"

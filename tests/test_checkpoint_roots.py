@@ -42,6 +42,7 @@ def pipeline(tmp_path: Path, store: str, team: str = "qa") -> Path:
     return path
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_a_store_naming_another_runs_checkpoints_cannot_delete_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -62,6 +63,7 @@ def test_a_store_naming_another_runs_checkpoints_cannot_delete_them(
     assert [m.step for m in CheckpointManager(own).committed()] == [3]
 
 
+@pytest.mark.processes
 def test_validate_refuses_a_store_outside_the_teams_roots(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,6 +78,7 @@ def test_validate_refuses_a_store_outside_the_teams_roots(
     assert "; a root under " in done.stderr
 
 
+@pytest.mark.processes
 def test_a_root_declared_for_one_team_is_refused_to_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

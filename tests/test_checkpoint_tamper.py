@@ -338,7 +338,8 @@ TAMPERS = [
 ]
 
 
-@pytest.fixture(params=["file", "s3"])
+# The s3 store starts the session's SeaweedFS: those tests are in the servers tier.
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.servers)])
 def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "file":
         return (tmp_path / "checkpoints").as_uri()

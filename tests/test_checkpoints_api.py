@@ -149,6 +149,7 @@ def unmodified(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return report(root / "out")
 
 
+@pytest.mark.processes
 def test_an_uninterrupted_run_trains_exactly_as_the_unmodified_script(
     tmp_path: Path, unmodified: dict[str, Any]
 ) -> None:
@@ -172,6 +173,7 @@ def test_an_uninterrupted_run_trains_exactly_as_the_unmodified_script(
     assert hashlib.sha256(weights).hexdigest() == unmodified["weights_sha256"]
 
 
+@pytest.mark.processes
 def test_kill_9_of_a_worker_resumes_bitwise_exactly(
     tmp_path: Path, unmodified: dict[str, Any]
 ) -> None:
@@ -189,6 +191,7 @@ def test_kill_9_of_a_worker_resumes_bitwise_exactly(
     assert report(tmp_path / "out")["weights_sha256"] == unmodified["weights_sha256"]
 
 
+@pytest.mark.processes
 def test_sigterm_commits_exits_75_and_resumes_bitwise_exactly(
     tmp_path: Path, unmodified: dict[str, Any]
 ) -> None:
@@ -212,6 +215,7 @@ def test_sigterm_commits_exits_75_and_resumes_bitwise_exactly(
     assert report(tmp_path / "out")["weights_sha256"] == unmodified["weights_sha256"]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("find_unused", [False, True], ids=["rebuilt-buckets", "fixed-buckets"])
 def test_four_ranks_resume_bitwise_exactly_when_ddp_keeps_its_bucket_layout(
     tmp_path: Path, find_unused: bool
@@ -252,6 +256,7 @@ def test_four_ranks_resume_bitwise_exactly_when_ddp_keeps_its_bucket_layout(
     assert (caveat in log) is not find_unused
 
 
+@pytest.mark.processes
 def test_the_guard_stops_a_diverging_run_at_the_last_good_checkpoint(tmp_path: Path) -> None:
     store = (tmp_path / "ckpt").as_uri()
     backend = LocalBackend(tmp_path / "gangs")
@@ -271,6 +276,7 @@ def test_the_guard_stops_a_diverging_run_at_the_last_good_checkpoint(tmp_path: P
     assert manager.marked("last-good") == newest.step == int(stopped.group(2))
 
 
+@pytest.mark.processes
 def test_an_unmodified_script_is_told_it_resumes_from_nothing(tmp_path: Path) -> None:
     """The supervisor says what a restart resumes from, as the store shows it."""
     store = (tmp_path / "ckpt").as_uri()

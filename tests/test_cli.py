@@ -34,12 +34,14 @@ steps:
 """
 
 
+@pytest.mark.processes
 def test_validate_clean_directory_exits_zero(repo: Path) -> None:
     done = tideflow("validate", str(repo / "pipelines"))
     assert done.returncode == 0, done.stderr
     assert "1 of 1 pipeline file(s) valid" in done.stdout
 
 
+@pytest.mark.processes
 def test_validate_reports_every_error_and_exits_one(tmp_path: Path) -> None:
     (tmp_path / "broken.yaml").write_text(BROKEN)
     done = tideflow("validate", "broken.yaml", cwd=tmp_path)
@@ -52,6 +54,7 @@ def test_validate_reports_every_error_and_exits_one(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.processes
 def test_validate_with_cluster_file_checks_gang_fit(tmp_path: Path) -> None:
     (tmp_path / "cluster.yaml").write_text(
         "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: two-nodes}\nnodes:\n"
@@ -72,6 +75,7 @@ def test_validate_with_cluster_file_checks_gang_fit(tmp_path: Path) -> None:
     assert tideflow("validate", "big.yaml", "--no-imports", cwd=tmp_path).returncode == 0
 
 
+@pytest.mark.processes
 def test_bad_cluster_file_is_reported_with_location(tmp_path: Path, repo: Path) -> None:
     (tmp_path / "cluster.yaml").write_text(
         "apiVersion: tideflow/v1\nkind: Cluster\nmetadata: {name: c}\nnodes:\n"
@@ -82,6 +86,7 @@ def test_bad_cluster_file_is_reported_with_location(tmp_path: Path, repo: Path) 
     assert "cluster.yaml:5:20: nodes[0].cpu: 0 is out of range; an integer >= 1" in done.stderr
 
 
+@pytest.mark.processes
 def test_schema_command_matches_shipped_schema(repo: Path) -> None:
     done = tideflow("schema")
     assert done.returncode == 0
@@ -106,6 +111,7 @@ def test_schema_validates_the_example_and_rejects_unknown_keys(repo: Path) -> No
         jsonschema.validate(example, schema)
 
 
+@pytest.mark.processes
 def test_plan_shows_order_pools_and_resources(repo: Path) -> None:
     done = tideflow("plan", str(repo / "tests" / "data" / "pipelines" / "full.yaml"))
     assert done.returncode == 0, done.stderr
@@ -122,6 +128,7 @@ def test_plan_shows_order_pools_and_resources(repo: Path) -> None:
     assert "nones" not in out and "{{" not in out
 
 
+@pytest.mark.processes
 def test_plan_shows_templated_fields_at_their_params_defaults(tmp_path: Path) -> None:
     """A field that is one param's template shows that param's default and its name."""
     (tmp_path / "cluster.yaml").write_text(
@@ -147,6 +154,7 @@ def test_plan_shows_templated_fields_at_their_params_defaults(tmp_path: Path) ->
     assert "{{" not in done.stdout
 
 
+@pytest.mark.processes
 def test_run_rejects_unknown_and_out_of_range_params(repo: Path) -> None:
     digits = str(repo / "pipelines" / "digits.yaml")
     unknown = tideflow("run", digits, "--param", "sed=1")
@@ -157,6 +165,7 @@ def test_run_rejects_unknown_and_out_of_range_params(repo: Path) -> None:
     assert "0.9 is above its maximum 0.5" in too_big.stderr
 
 
+@pytest.mark.processes
 def test_every_command_has_help() -> None:
     parser = build_parser()
     subcommands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
@@ -185,6 +194,7 @@ BAD_CLUSTER = (
 )
 
 
+@pytest.mark.processes
 def test_validate_cluster_alone_checks_just_the_cluster_file(tmp_path: Path) -> None:
     (tmp_path / "cluster.yaml").write_text(CLUSTER)
     done = tideflow("validate", "--cluster", "cluster.yaml", cwd=tmp_path)
@@ -199,6 +209,7 @@ def test_validate_cluster_alone_checks_just_the_cluster_file(tmp_path: Path) -> 
     assert "name pipeline files or directories, or --cluster FILE" in nothing.stderr
 
 
+@pytest.mark.processes
 def test_validate_directory_checks_a_cluster_file_as_a_cluster_file(
     tmp_path: Path, repo: Path
 ) -> None:
@@ -240,6 +251,7 @@ def gang_pipeline(tmp_path: Path, named: str) -> None:
     )
 
 
+@pytest.mark.processes
 def test_plan_shows_the_priority_class_of_gang_steps(tmp_path: Path) -> None:
     (tmp_path / "cluster.yaml").write_text(PRIORITY_CLUSTER)
     gang_pipeline(tmp_path, ", priority_class: high")

@@ -74,6 +74,7 @@ print("PARSED", ti.task.dag.dag_id, ti.task.task_id, flush=True)
 """
 
 
+@pytest.mark.processes
 def test_a_task_shows_no_other_pipelines_errors(repo: Path, tmp_path: Path) -> None:
     """A task of digits parses the one DAG file, and is not told that broken.yaml is broken."""
     pipelines = tmp_path / "pipelines"
@@ -141,6 +142,7 @@ def test_a_parse_for_one_dag_builds_it_and_reports_only_its_own_errors(
     assert "steps[0].data_prep.workerz: unknown field 'workerz'" in bag.import_errors[str(broken)]
 
 
+@pytest.mark.processes
 def test_paused_at_creation_is_how_airflow_creates_the_dag(repo: Path, tmp_path: Path) -> None:
     """A real `airflow dag-processor` run creates each DAG paused or not, as its file says."""
     pipelines = tmp_path / "pipelines"
@@ -198,6 +200,7 @@ def test_duplicate_pipeline_names_are_an_import_error(
     )
 
 
+@pytest.mark.processes
 def test_parsing_imports_no_heavy_libraries_and_no_network(repo: Path) -> None:
     probe = (
         "import socket, sys\n"
@@ -246,6 +249,7 @@ def test_compiled_dag_matches_golden(repo: Path, pipeline: str) -> None:
     )
 
 
+@pytest.mark.processes
 def test_dag_processor_records_the_yaml_file_in_list_import_errors(
     repo: Path, tmp_path: Path
 ) -> None:

@@ -12,6 +12,8 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.processes
+
 
 def run_dag(pipeline: Path, monkeypatch: pytest.MonkeyPatch, conf: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
     from tideflow.compile.dag_plan import compile_dag_plan

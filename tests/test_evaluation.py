@@ -150,6 +150,7 @@ def xcom(dag_run: Any) -> Any:
         return XComModel.deserialize_value(row)
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_operator_runs_on_the_emulated_npu_and_releases_it(
     cluster_file: Path,
@@ -166,6 +167,7 @@ def test_operator_runs_on_the_emulated_npu_and_releases_it(
     assert ledger(cluster_file).leases() == []
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_operator_waits_deferred_until_a_device_frees(
     cluster_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -187,6 +189,7 @@ def test_operator_waits_deferred_until_a_device_frees(
     assert [lease.lease_id for lease in book.leases()] == [npu.lease_id]
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_on_kubernetes_the_pod_has_the_device_and_the_ledger_is_not_used(
     cluster_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -226,6 +229,7 @@ CHOICES = [
 ]
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 @pytest.mark.parametrize(("pipeline", "expected"), CHOICES)
 def test_the_evaluation_scores_the_checkpoint_its_checkpoint_field_names(

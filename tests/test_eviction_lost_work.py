@@ -21,6 +21,8 @@ from tideflow.gangs.evictions import enforce_evictions
 from tideflow.inventory import Inventory, Node
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
+pytestmark = pytest.mark.processes
+
 HUNG = (
     "import signal, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"

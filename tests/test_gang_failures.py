@@ -42,6 +42,7 @@ def bug_gang(gang_id: str, tmp_path: Path, *flags: str) -> GangJob:
     )
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(180)
 def test_a_failure_that_repeats_ends_the_gang_after_one_restart(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path / "gangs")
@@ -54,6 +55,7 @@ def test_a_failure_that_repeats_ends_the_gang_after_one_restart(tmp_path: Path) 
     assert log.count("started 2 worker(s)") == 2
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(180)
 def test_a_failure_a_restart_cures_still_restarts(tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path / "gangs")
@@ -110,6 +112,7 @@ def test_reading_an_exception_from_any_log_never_fails(text: str) -> None:
     assert found is None or (found[0] and found[0] in found[1])
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(180)
 def test_a_hang_is_noticed_its_stacks_dumped_and_a_second_hang_fails_the_gang(
     tmp_path: Path,

@@ -23,6 +23,8 @@ from tideflow.gangs import gang_id_for
 from tideflow.inventory import detect_local
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
+pytestmark = pytest.mark.processes
+
 WORKER = str(Path(__file__).with_name("gang_worker.py"))
 
 

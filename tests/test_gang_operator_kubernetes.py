@@ -160,6 +160,7 @@ def pipeline(
     return path
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_gang_step_becomes_one_volcano_job_and_the_task_follows_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster
@@ -204,6 +205,7 @@ def test_gang_step_becomes_one_volcano_job_and_the_task_follows_it(
     }
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_kueue_cluster_through_an_airflow_connection_gets_a_jobset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster
@@ -223,6 +225,7 @@ def test_kueue_cluster_through_an_airflow_connection_gets_a_jobset(
     assert cluster.watches() == [410, 200]
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_module_function_entry_point_is_refused_on_a_cluster_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster
@@ -322,6 +325,7 @@ def test_cluster_gang_trigger_on_kill_deletes_the_gang_object(
     assert (delete.verb, delete.code) == ("delete", 200)
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_a_preempted_volcano_gang_resumes_as_one_job_without_using_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster
@@ -359,6 +363,7 @@ def test_a_preempted_volcano_gang_resumes_as_one_job_without_using_a_restart(
     assert ti.xcom_pull(task_ids="train")["restarts"] == 0
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 @pytest.mark.timeout(180)
 def test_a_cluster_gang_step_past_its_timeout_deletes_its_gang(
@@ -399,6 +404,7 @@ teams:
 """
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_a_cluster_gang_of_a_team_with_a_default_class_names_it_to_kueue(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cluster: Cluster

@@ -18,7 +18,10 @@ from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.checkpoint import CheckpointManager
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 __all__ = ["splits"]  # the module-scoped fixture, shared with the CPU tests
 

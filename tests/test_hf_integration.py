@@ -37,6 +37,8 @@ from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.checkpoint import CheckpointManager
 
+pytestmark = pytest.mark.processes
+
 SCRIPT = Path(__file__).parent / "user_code" / "hf_trainer_train.py"
 STEPS = 48  # 3 epochs x 256 samples / (8 per device x 2 ranks)
 
@@ -150,7 +152,7 @@ def test_the_guard_stops_a_diverging_run_with_exit_76_and_marks_the_last_good_ch
     assert manager.marked("last-good") == newest.step == int(stopped.group(2))
 
 
-@pytest.mark.slow
+@pytest.mark.servers
 @pytest.mark.timeout(120)
 def test_the_logged_loss_and_the_checkpoints_reach_the_step_mlflow_run(
     tmp_path: Path, mlflow_url: str

@@ -27,6 +27,8 @@ from tideflow.gangs.control import gang_rows
 from tideflow.inventory import detect_local
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger, Refusal
 
+pytestmark = pytest.mark.processes
+
 WORKER = str(Path(__file__).with_name("gang_worker.py"))
 
 

@@ -10,8 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.local import LocalBackend
+
+pytestmark = pytest.mark.processes
 
 WORKER = [sys.executable, str(Path(__file__).with_name("gang_worker.py"))]
 

@@ -16,9 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.test_local_backend import job, wait_for_line
 from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
+
+pytestmark = pytest.mark.processes
 
 PROCESSES = 4
 ROUNDS = 20

@@ -15,6 +15,8 @@ import pytest
 from tests.test_data_prep import run_dag, states, write_pipeline, xcom
 from tideflow.operators.links import MLFLOW_RUN_URL_KEY, MlflowRunLink
 
+pytestmark = pytest.mark.processes
+
 STEP = """\
 - name: mark
   data_prep: {entrypoint: "tests.step_entrypoints:emit_marker", outputs: [marker]}

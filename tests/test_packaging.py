@@ -9,6 +9,8 @@ import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
+
 MAPPED = {"tideflow.operators": "operators", "tideflow.plugins": "plugins"}
 
 
@@ -23,6 +25,7 @@ def test_every_package_directory_is_listed(repo: Path) -> None:
     assert found == listed
 
 
+@pytest.mark.processes
 def test_no_generic_top_level_names_are_installed() -> None:
     import tideflow.operators
     import tideflow.plugins
@@ -45,6 +48,7 @@ def test_plugin_is_registered_through_the_entry_point() -> None:
     assert "tideflow" in [info["name"] for info in infos]
 
 
+@pytest.mark.processes
 def test_layering_contracts_hold(repo: Path) -> None:
     lint_imports = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert lint_imports, "import-linter is part of the dev extra"
@@ -76,6 +80,7 @@ def test_torch_is_a_range_a_gpu_image_keeps(repo: Path) -> None:
         assert not wanted.contains(refused, prereleases=True), refused
 
 
+@pytest.mark.processes
 def test_the_gpu_example_pipeline_is_valid_and_asks_for_gpus(repo: Path) -> None:
     example = repo / "docs/examples/digits-gpu.yaml"
     checked = subprocess.run(

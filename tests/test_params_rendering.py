@@ -49,6 +49,7 @@ def _pipeline(tmp_path: Path, text: str = PIPELINE) -> Path:
     return path
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("airflow_home")
 def test_string_params_stay_strings_and_typed_params_keep_their_type(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

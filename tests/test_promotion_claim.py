@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import Clock
 from tideflow.promotion.claim import RegistrationClaim
 from tideflow.storage import open_store
 
@@ -30,7 +31,8 @@ def _contend(uri: str, worker: int, sync: Any) -> None:
         out.put((round_index, worker, claim.try_acquire()))
 
 
-@pytest.fixture(params=["file", "s3"])
+# The s3 store starts the session's SeaweedFS: those tests are in the servers tier.
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.servers)])
 def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "s3":
         request.getfixturevalue("s3_endpoint")
@@ -38,6 +40,7 @@ def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return (tmp_path / "claims").as_uri()
 
 
+@pytest.mark.processes
 def test_exactly_one_process_wins_each_round(store_uri: str) -> None:
     context = multiprocessing.get_context("fork")
     barrier, out = context.Barrier(PROCESSES), context.Queue()
@@ -53,14 +56,6 @@ def test_exactly_one_process_wins_each_round(store_uri: str) -> None:
         assert process.exitcode == 0
     winners = [sum(won for r, _, won in results if r == index) for index in range(ROUNDS)]
     assert winners == [1] * ROUNDS
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_live_claim_holds_an_expired_one_is_taken_over(tmp_path: Path) -> None:

@@ -155,7 +155,7 @@ def _request(client: Any, tmp_path: Path, model: str, gate: dict[str, Any], **fi
     )
 
 
-@pytest.mark.slow
+@pytest.mark.servers
 def test_an_identical_model_is_not_promoted_again(registry: Any, tmp_path: Path) -> None:
     """The same score as the champion's with min_delta 0 registers no second version; the
     rejection and the comparison are recorded on the promotion's run; a strictly better
@@ -203,7 +203,7 @@ def test_an_identical_model_is_not_promoted_again(registry: Any, tmp_path: Path)
     assert str(registry.get_model_version_by_alias(model, "champion").version) == "2"
 
 
-@pytest.mark.slow
+@pytest.mark.servers
 def test_a_gate_metric_the_evaluation_lacks_fails_the_promotion(
     registry: Any, tmp_path: Path
 ) -> None:
@@ -247,7 +247,8 @@ def promote_step(model: str, gate: str, retries: int = 0) -> str:
     )
 
 
-@pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.servers
 @pytest.mark.usefixtures("airflow_home")
 def test_airflow_promotes_the_checkpoint_the_evaluation_chose(
     registry: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -292,7 +293,8 @@ def test_airflow_promotes_the_checkpoint_the_evaluation_chose(
     assert copied.step == 20 and copied.meta["source"] == evaluated["checkpoint"]
 
 
-@pytest.mark.slow
+@pytest.mark.processes
+@pytest.mark.servers
 @pytest.mark.usefixtures("airflow_home")
 def test_airflow_fails_a_gate_metric_the_evaluation_lacks_without_retrying(
     registry: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

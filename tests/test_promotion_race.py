@@ -22,7 +22,7 @@ PROCESSES = 4
 ROUNDS = 20
 MODEL = "race-classifier"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.processes, pytest.mark.servers]
 
 
 def _build(builder: Any, args: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from tideflow.checkpoint import CheckpointManager
 from tideflow.examples.digits import prepare
 from tideflow.steps import StepContext
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes import Clock
 from tideflow.inventory import Inventory, Node
 from tideflow.scheduling import (
     GangRequest,
@@ -39,14 +40,6 @@ def gang(
     gang_id: str, workers: int, per: int, *, model: str | None = "H100", priority: int = 0
 ) -> GangRequest:
     return GangRequest(gang_id, "team", "gpu", model, workers, per, priority)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -236,6 +229,7 @@ def _hammer(path: str, seed: int, rounds: int) -> int:
     return granted
 
 
+@pytest.mark.processes
 def test_many_processes_never_double_book_a_device(tmp_path: Path) -> None:
     path = tmp_path / "leases.db"
     LeaseLedger(path, cluster(("h100", 3, "H100", 8)))

@@ -37,6 +37,8 @@ from tideflow.runtime.sharded import (
     save_sharded,
 )
 
+pytestmark = pytest.mark.processes
+
 SCRIPT = Path(__file__).parent / "user_code" / "fsdp2_train.py"
 STEP = 4
 LAUNCH_TIMEOUT_S = 90.0

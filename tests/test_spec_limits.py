@@ -73,6 +73,7 @@ def test_alias_bomb_is_refused_at_the_alias_that_crosses_the_limit(tmp_path: Pat
     assert f"; at most {LIMITS.max_expanded_nodes} values with aliases expanded" in message
 
 
+@pytest.mark.processes
 def test_alias_bomb_through_the_cli_exits_one_quickly_and_small(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(alias_bomb(levels=12))
@@ -103,6 +104,7 @@ def test_deep_nesting_is_located_not_a_recursion_error(tmp_path: Path, depth: in
     assert f"at most {LIMITS.max_depth} nested mappings and lists" in message
 
 
+@pytest.mark.processes
 def test_nesting_a_hundred_thousand_deep_does_not_crash_the_process(tmp_path: Path) -> None:
     path = tmp_path / "deep.yaml"
     path.write_text(nested(100_000))
@@ -146,6 +148,7 @@ def test_python_tags_are_a_located_problem_not_a_traceback(tmp_path: Path) -> No
     assert "without language-specific tags" in message
 
 
+@pytest.mark.processes
 def test_the_cli_reports_each_limit_with_the_file_and_position(tmp_path: Path) -> None:
     (tmp_path / "bomb.yaml").write_text(alias_bomb())
     (tmp_path / "deep.yaml").write_text(nested(200))

@@ -23,7 +23,7 @@ from tideflow.stack.airflow_api import AirflowApi
 from tideflow.stack.services import StackState, s3_client
 from tideflow.storage import safe_segment
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.servers
 FIRST_RUN: list[str] = []  # the run id of the first digits run, for the promotion tests
 
 

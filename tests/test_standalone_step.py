@@ -58,6 +58,7 @@ def load_npz(uri: str) -> dict[str, np.ndarray]:
         return {key: data[key] for key in data.files}
 
 
+@pytest.mark.processes
 def test_data_prep_runs_the_digits_entry_point_and_writes_its_outputs(tmp_path: Path) -> None:
     workflow, env = compiled(tmp_path)
     outputs = run_task(
@@ -80,6 +81,7 @@ def test_data_prep_runs_the_digits_entry_point_and_writes_its_outputs(tmp_path: 
     assert set(np.unique(validation["y"])) == set(range(10))
 
 
+@pytest.mark.processes
 def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFake) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -154,6 +156,7 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     assert len(client.search_model_versions("name = 'digits-classifier'")) == 1
 
 
+@pytest.mark.processes
 def test_the_exit_handler_closes_a_failed_workflows_run_as_failed(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -181,6 +184,7 @@ def executor(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+@pytest.mark.processes
 def test_a_failing_entry_point_fails_the_step_with_its_last_lines(tmp_path: Path) -> None:
     config = {"entrypoint": "tests.step_entrypoints:boom", "args": {}, "outputs": ["out"]}
     common = ["--pipeline", "p", "--team", "qa", "--step", "prep", "--run-id", "r"]
@@ -202,6 +206,7 @@ def test_a_failing_entry_point_fails_the_step_with_its_last_lines(tmp_path: Path
     assert bad.returncode == 2 and "--config is not a JSON object" in bad.stderr
 
 
+@pytest.mark.processes
 def test_no_checkpoint_in_the_store_fails_the_evaluation(tmp_path: Path) -> None:
     config = {"entrypoint": "tests.step_entrypoints:report_device", "args": {}, "metrics": ["x"]}
     done = executor(
@@ -234,6 +239,7 @@ def scored_store(tmp_path: Path) -> str:
     return uri
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("choice", "keep_best", "step", "says"),
     [
@@ -307,6 +313,7 @@ def test_a_damaged_best_checkpoint_is_skipped_for_the_next_best(tmp_path: Path) 
     assert any("skipping step 20" in line and "SHA-256" in line for line in said)
 
 
+@pytest.mark.processes
 def test_a_gate_metric_the_evaluation_lacks_fails_the_promotion_step(tmp_path: Path) -> None:
     """Exit 1 with the reason (old: exit 0, "not promoted"); the promotion's MLflow run is
     closed FAILED saying why; nothing is registered and no output is written."""

@@ -33,6 +33,8 @@ from tideflow.gangs.control import gang_rows, stop_gang
 from tideflow.inventory import Inventory, Node, load_cluster
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger, Refusal
 
+pytestmark = pytest.mark.processes
+
 WORKER = str(Path(__file__).with_name("stubborn_worker.py"))
 START_S = 90.0  # a gang's start on two busy cores
 

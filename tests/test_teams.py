@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes import Clock
 from tideflow.inventory import load_cluster
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger, Refusal
 from tideflow.spec.errors import SpecError
@@ -43,14 +44,6 @@ borrowing:
   - {lender: marketing, borrower: risk, max_borrowable_ratio: 0.8, grace: 10m}
   - {lender: research, borrower: risk, max_borrowable_ratio: 0.5, min_priority_class: normal}
 """
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def write(tmp_path: Path, text: str, name: str = "cluster.yaml") -> Path:

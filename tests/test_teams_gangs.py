@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from operators.triggers import LeaseTrigger
@@ -41,6 +42,8 @@ from tideflow.checkpoint import CheckpointManager
 from tideflow.gangs import enforce_evictions, request_to_dict
 from tideflow.inventory import load_cluster
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger, Refusal
+
+pytestmark = pytest.mark.processes
 
 __all__ = ["reference", "splits"]  # fixtures shared with the CPU gang tests
 

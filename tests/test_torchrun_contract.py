@@ -37,6 +37,8 @@ from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.backends.local import LocalBackend
 from tideflow.kube import KubeSettings
 
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "user_code" / "plain_ddp.py"
 ARGS = ("--epochs", "2", "--seed", "3")

@@ -90,6 +90,7 @@ def test_lease_trigger_reports_never_and_a_passed_deadline(tmp_path: Path) -> No
     assert book.lease_for("g/late") is None
 
 
+@pytest.mark.processes
 def test_gang_trigger_round_trips_streams_and_fires(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,6 +157,7 @@ def test_device_trigger_round_trips_and_picks_the_cpu_when_allowed(tmp_path: Pat
     }
 
 
+@pytest.mark.processes
 def test_gang_trigger_on_kill_cancels_the_gang(tmp_path: Path) -> None:
     """Airflow calls on_kill when a user marks a deferred task failed or clears it (not on a
     triggerer restart): the gang must not train on with nobody waiting for it."""

@@ -29,7 +29,7 @@ import pytest
 
 from tests.test_ui_page import XSS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.processes, pytest.mark.servers]
 
 OPEN, SECRET = "ui-open", "ui-secret"  # DAG ids; tests/ui_auth.py denies SECRET to reader
 PASSWORDS = {"admin": "admin-test-password", "reader": "reader-test-password"}
@@ -242,7 +242,8 @@ def test_overview_hides_champion_lease_and_usage_of_a_dag_the_user_may_not_read(
     models = {c["model"] for c in overview["champions"]}
     assert OPEN_MODEL in models  # the readable DAG's champion is there ...
     assert SECRET_MODEL not in models  # ... the denied DAG's is not
-    assert {c["dag_id"] for c in overview["champions"]} == {OPEN}
+    # The MLflow server is the session's: other modules' champions may be there too.
+    assert {c["dag_id"] for c in overview["champions"] if c["dag_id"].startswith("ui-")} == {OPEN}
     leases = {lease["gang_id"] for lease in overview["leases"]}
     assert LEASE_OPEN in leases and LEASE_SECRET not in leases
     assert {u["team"] for u in overview["usage"]} == {"vision"}

@@ -21,6 +21,9 @@ from tideflow.backends.local import LocalBackend
 from tideflow.config import Settings
 from tideflow.gangs import gang_id_for
 
+# Each step runs its entry point in a process of its own (tideflow.steps.process).
+pytestmark = pytest.mark.processes
+
 MODULES = {
     "__init__.py": "",
     "prep.py": """\

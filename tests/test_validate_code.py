@@ -10,6 +10,8 @@ import pytest
 
 from tests.test_cli import tideflow
 
+pytestmark = pytest.mark.processes
+
 PIPELINE = """\
 apiVersion: tideflow/v1
 kind: Pipeline

@@ -21,6 +21,7 @@ import pytest
 
 from tests.cluster.conftest import NAMESPACE, service_account
 from tests.cluster.test_gangs import SETTINGS, WORKER, gang
+from tests.fakes import Clock
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.compile.kueue_queues import kueue_objects
 from tideflow.inventory import ClusterSpec, load_cluster
@@ -144,14 +145,6 @@ def _phase(conditions: dict[str, Any]) -> str:
     if reserved is not None and reserved.status == "True":
         return "admitted"
     return "pending"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 ARRIVAL_GAP_S = 4.0  # on_kueue watches this long after each submission
