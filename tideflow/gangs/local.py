@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tideflow.backends.protocol import GangJob, WorkerSlot
 from tideflow.gangs.resolved import ResolvedGang
-from tideflow.inventory import Inventory, detect_local, inventory_for
+from tideflow.inventory import detect_local, inventory_for
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
-from tideflow.scheduling.quota import Teams
 from tideflow.steps.commands import resolve_command
 from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV, StepContext
 from tideflow.steps.entrypoints import ARGS_ENV
@@ -24,26 +23,6 @@ LEASE_TTL_S = 60.0
 def open_ledger(path: Path, cluster_file: str | None) -> LeaseLedger:
     path.parent.mkdir(parents=True, exist_ok=True)
     return LeaseLedger(path, inventory_for(cluster_file))
-
-
-def with_team_priority(gang: ResolvedGang, inventory: Inventory) -> ResolvedGang:
-    """The gang's priority from the cluster file's class: the one its run names, else
-    its team's default; without either it keeps the step's own ``priority``.
-
-    ``ValueError`` names the classes the team may use when the class is not one.
-    """
-    teams = Teams.of(inventory)
-    if teams is None:
-        if gang.priority_class:
-            raise ValueError(
-                f"priority class '{gang.priority_class}' is named, but the cluster file "
-                f"'{inventory.name}' declares no priority classes"
-            )
-        return gang
-    value, name = teams.priority(gang.team, gang.priority_class)
-    if name is None:
-        return gang
-    return replace(gang, priority=value, priority_class=name)
 
 
 def request_to_dict(request: GangRequest) -> dict[str, Any]:
