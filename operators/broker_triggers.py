@@ -7,9 +7,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+if TYPE_CHECKING:
+    from tideflow.gangs import GangRequestJson
 
 MODULE = "tideflow.operators.broker_triggers"
 
@@ -87,7 +90,7 @@ class CapacityTrigger(BaseTrigger):
     def __init__(
         self,
         *,
-        request: dict[str, Any],
+        request: GangRequestJson,
         ledger_path: str,
         cluster_file: str | None,
         deadline: float,
@@ -110,7 +113,7 @@ class CapacityTrigger(BaseTrigger):
         }
 
     @staticmethod
-    def check(request: dict[str, Any], ledger: str, cluster: str | None) -> dict[str, Any]:
+    def check(request: GangRequestJson, ledger: str, cluster: str | None) -> dict[str, Any]:
         from tideflow.gangs import open_ledger, request_from_dict
         from tideflow.scheduling import Refusal, place
 

@@ -33,8 +33,9 @@ from tideflow.operators.triggers import ClusterGangTrigger, GangTrigger, LeaseTr
 if TYPE_CHECKING:
     from tideflow.compile.gang_plan import GangStepPlan
     from tideflow.gangs import ResolvedGang
+    from tideflow.gangs.outputs import GangOutputs
     from tideflow.inventory import Inventory
-    from tideflow.scheduling import GangRequest
+    from tideflow.operators.triggers import GangEvent, LeaseEvent, ResumeKwargs
 
 DEFAULT_WAIT_S = 7 * 24 * 3600
 
@@ -183,7 +184,7 @@ class GangTrainingOperator(TideflowOperator):
         return stop_gang(gang_id, open_ledger(ledger_path, cluster), LocalBackend(state_dir))
 
     def resume_execution(
-        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
+        self, next_method: str, next_kwargs: ResumeKwargs | None, context: Context
     ) -> Any:
         """Airflow's own deferral timeout (the scheduler fails a deferred task whose
         ``execution_timeout`` passed) stops the gang too, before the task fails."""
@@ -217,7 +218,8 @@ class GangTrainingOperator(TideflowOperator):
             )
             return self._defer_to_gang(context, gang_id)
         ledger = open_ledger(ledger_path, cluster)
-        request = self._request(context, ledger.inventory)
+        # its priority from the cluster file's class (if any)
+        request = self._gang(context, ledger.inventory).request()
         result = ledger.try_acquire(request, holder_name(), 300.0)
         if isinstance(result, Lease):
             return self._start(context, result)
@@ -240,11 +242,7 @@ class GangTrainingOperator(TideflowOperator):
             method_name="lease_granted",
         )
 
-    def _request(self, context: Context, inventory: Inventory) -> GangRequest:
-        """The ledger's request, its priority from the cluster file's class (if any)."""
-        return self._gang(context, inventory).request()
-
-    def lease_granted(self, context: Context, event: dict[str, Any]) -> Any:
+    def lease_granted(self, context: Context, event: LeaseEvent) -> Any:
         from tideflow.gangs import open_ledger
 
         if event["status"] == "never":
@@ -332,7 +330,7 @@ class GangTrainingOperator(TideflowOperator):
         run_id = track_step(self, context, "gang_training")
         return {} if run_id is None else {"MLFLOW_RUN_ID": run_id}
 
-    def _record(self, context: Context, status: Any, outputs: dict[str, Any]) -> None:
+    def _record(self, context: Context, status: Any, outputs: GangOutputs) -> None:
         from tideflow.tracking import tracking_enabled
 
         run_id = context["ti"].xcom_pull(task_ids=self.task_id, key="mlflow_run_id")
@@ -404,7 +402,7 @@ class GangTrainingOperator(TideflowOperator):
             method_name="gang_finished",
         )
 
-    def gang_finished(self, context: Context, event: dict[str, Any]) -> Any:
+    def gang_finished(self, context: Context, event: GangEvent) -> Any:
         from tideflow.backends.protocol import GangState, GangStatus
         from tideflow.gangs import open_ledger
 
@@ -455,7 +453,7 @@ class GangTrainingOperator(TideflowOperator):
                 gang_id,
             )
 
-    def _outputs(self, context: Context, status: Any) -> dict[str, Any]:
+    def _outputs(self, context: Context, status: Any) -> GangOutputs:
         from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
 
         try:
@@ -463,5 +461,6 @@ class GangTrainingOperator(TideflowOperator):
         except NoCheckpointError as exc:
             # Retrying would run the same script to the same end: fail for good.
             raise AirflowFailException(f"tideflow: {exc}") from None
-        outputs.update(restarts=status.restarts, device_hours=status.device_seconds / 3600)
+        outputs["restarts"] = status.restarts
+        outputs["device_hours"] = status.device_seconds / 3600
         return outputs

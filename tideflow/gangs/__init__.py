@@ -5,6 +5,7 @@
 from tideflow.gangs.evictions import EvictionStep, enforce_evictions
 from tideflow.gangs.local import (
     LEASE_TTL_S,
+    GangRequestJson,
     build_job,
     holder_name,
     local_command,
@@ -24,6 +25,7 @@ from tideflow.gangs.resolved import (
 __all__ = [
     "LEASE_TTL_S",
     "EvictionStep",
+    "GangRequestJson",
     "PriorityClassError",
     "ResolvedGang",
     "build_job",

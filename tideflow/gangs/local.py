@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from tideflow.backends.protocol import GangJob, WorkerSlot
 from tideflow.gangs.resolved import ResolvedGang
 from tideflow.inventory import detect_local, inventory_for
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
+from tideflow.scheduling.model import DeviceClass
 from tideflow.steps.commands import resolve_command
 from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV, StepContext
 from tideflow.steps.entrypoints import ARGS_ENV
@@ -25,11 +25,38 @@ def open_ledger(path: Path, cluster_file: str | None) -> LeaseLedger:
     return LeaseLedger(path, inventory_for(cluster_file))
 
 
-def request_to_dict(request: GangRequest) -> dict[str, Any]:
-    return asdict(request)
+class GangRequestJson(TypedDict):
+    """A ``GangRequest`` as a trigger carries it (JSON, across the triggerer); the keys
+    ``GangRequest`` has defaults for may be left out."""
+
+    gang_id: str
+    team: str
+    device_class: DeviceClass
+    model: str | None
+    workers: int
+    devices_per_worker: int
+    priority: NotRequired[int]
+    preemptible: NotRequired[bool]
+    min_workers: NotRequired[int | None]
+    priority_class: NotRequired[str | None]
 
 
-def request_from_dict(data: dict[str, Any]) -> GangRequest:
+def request_to_dict(request: GangRequest) -> GangRequestJson:
+    return GangRequestJson(
+        gang_id=request.gang_id,
+        team=request.team,
+        device_class=request.device_class,
+        model=request.model,
+        workers=request.workers,
+        devices_per_worker=request.devices_per_worker,
+        priority=request.priority,
+        preemptible=request.preemptible,
+        min_workers=request.min_workers,
+        priority_class=request.priority_class,
+    )
+
+
+def request_from_dict(data: GangRequestJson) -> GangRequest:
     return GangRequest(**data)
 
 
