@@ -25,19 +25,18 @@ from tideflow.scheduling.model import DeviceClass
 from tideflow.scheduling.quota import Teams
 from tideflow.steps.code import with_code_path
 from tideflow.steps.commands import args_argv
-from tideflow.steps.context import StepContext
-from tideflow.storage import safe_segment
+from tideflow.steps.context import StepContext, StepRun
 from tideflow.storage.roots import check_root, gang_store
 
 
 def gang_id_for(pipeline: str, run_id: str, step: str) -> str:
-    """Stable across retries of the same step in the same run (Airflow's or Argo's)."""
-    return f"{pipeline}/{run_id}/{step}"
+    """The step run's gang id (``StepRun.gang_id``): the same across retries."""
+    return StepRun(pipeline, run_id, step).gang_id
 
 
 def run_prefix(pipeline: str, run_id: str, step: str) -> str:
-    """The step's key prefix ``PIPELINE/RUN/STEP`` (as ``StepContext.run_prefix``)."""
-    return "/".join(safe_segment(part) for part in (pipeline, run_id, step))
+    """The step run's key prefix ``PIPELINE/RUN/STEP`` (``StepRun.key_prefix``)."""
+    return StepRun(pipeline, run_id, step).key_prefix
 
 
 @dataclass(frozen=True)
@@ -227,10 +226,9 @@ def resolve_gang(
     team may write to (checked at validation too, unless it was a template), and
     ``PriorityClassError`` when the run's class is not one the team may use.
     """
-    store = _checkpoint_store(
-        plan.checkpoint, team, allowed_roots, artifact_root, run_prefix(pipeline, run_id, step)
-    )
-    gang_id = gang_id_for(pipeline, run_id, step)
+    run = StepRun(pipeline, run_id, step)
+    store = _checkpoint_store(plan.checkpoint, team, allowed_roots, artifact_root, run.key_prefix)
+    gang_id = run.gang_id
     workers = int(plan.workers)
     priority, priority_class = _priority(team, plan.priority_class or None, plan.priority, classes)
     return ResolvedGang(
