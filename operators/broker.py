@@ -10,7 +10,7 @@ journal under ``TIDEFLOW_HOME``. The broker is configured by environment
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, BaseSensorOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowSkipException
@@ -20,6 +20,10 @@ from tideflow.operators.broker_triggers import BrokerDecisionTrigger, CapacityTr
 from tideflow.operators.hook import TideflowHook
 from tideflow.operators.settings_check import check_settings_at_start, settings_fail_the_task
 from tideflow.operators.trigger_base import TriggerStatus
+
+if TYPE_CHECKING:
+    from tideflow.gangs import GangRequestJson
+    from tideflow.scheduling.model import DeviceClass
 
 
 def _state() -> tuple[dict[str, Any], str, str, str | None]:
@@ -135,7 +139,7 @@ class GpuCapacitySensor(BaseSensorOperator):
         *,
         workers: int,
         devices_per_worker: int = 1,
-        device_class: str = "gpu",
+        device_class: DeviceClass = "gpu",
         model: str | None = None,
         deferrable: bool = True,
         poll_s: float = 30.0,
@@ -143,7 +147,7 @@ class GpuCapacitySensor(BaseSensorOperator):
     ) -> None:
         kwargs.setdefault("poke_interval", poll_s)
         super().__init__(**kwargs)
-        self.request = {
+        self.request: GangRequestJson = {
             "gang_id": "capacity-probe",
             "team": "probe",
             "device_class": device_class,

@@ -5,9 +5,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tideflow.operators.trigger_base import PollingTrigger, TriggerStatus, refused
+
+if TYPE_CHECKING:
+    from tideflow.gangs import GangRequestJson
 
 MODULE = "tideflow.operators.broker_triggers"
 
@@ -72,7 +75,7 @@ class CapacityTrigger(PollingTrigger):
     def __init__(
         self,
         *,
-        request: dict[str, Any],
+        request: GangRequestJson,
         ledger_path: str,
         cluster_file: str | None,
         deadline: float,
@@ -86,7 +89,7 @@ class CapacityTrigger(PollingTrigger):
         self.poll_s = poll_s
 
     @staticmethod
-    def check(request: dict[str, Any], ledger: str, cluster: str | None) -> dict[str, Any]:
+    def check(request: GangRequestJson, ledger: str, cluster: str | None) -> dict[str, Any]:
         from tideflow.gangs import open_ledger, request_from_dict
         from tideflow.scheduling import Refusal, place
 

@@ -20,14 +20,22 @@ Kueue) admits and places the gang instead of the lease ledger:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
 from tideflow.operators.triggers import ClusterGangTrigger, GangTrigger, LeaseTrigger, TriggerStatus
+
+if TYPE_CHECKING:
+    from tideflow.compile.gang_plan import GangStepPlan
+    from tideflow.gangs import ResolvedGang
+    from tideflow.gangs.outputs import GangOutputs
+    from tideflow.inventory import Inventory
+    from tideflow.operators.triggers import GangEvent, LeaseEvent, ResumeKwargs
 
 DEFAULT_WAIT_S = 7 * 24 * 3600
 
@@ -50,46 +58,29 @@ class GangTrainingOperator(TideflowOperator):
     def __init__(
         self,
         *,
-        entrypoint: str | list[str],
-        workers: int | str,
-        devices_per_worker: int | str = 1,
-        device: dict[str, Any] | None = None,
-        args: dict[str, Any] | None = None,
-        env: dict[str, str] | None = None,
-        checkpoint: dict[str, Any] | None = None,
-        max_restarts: int | str = 3,
-        hang_timeout: int | None = 1800,
-        priority: int = 0,
-        priority_class: str | None = None,
-        preemptible: bool = True,
-        min_workers: int | str | None = None,
-        worker_resources: dict[str, Any] | None = None,
-        image: str | None = None,
-        code_image_path: str | None = None,
+        plan: GangStepPlan,
         lease_poll_s: float = 5.0,
         gang_poll_s: float = 2.0,
         wait_timeout_s: float = DEFAULT_WAIT_S,
         **kwargs: Any,
     ) -> None:
+        from tideflow.compile.gang_plan import checkpoint_to_json
+
         super().__init__(**kwargs)
-        self.entrypoint = entrypoint
-        self.workers = workers
-        self.devices_per_worker = devices_per_worker
-        self.device = device or {"class": "cpu", "model": None}
-        self.args = args or {}
-        self.env = env or {}
-        self.checkpoint = checkpoint or {"keep_last": 3}
-        self.max_restarts = max_restarts
-        self.hang_timeout = hang_timeout
-        self.priority_class = priority_class
-        self.priority = priority
-        self.preemptible = preemptible
-        self.min_workers = min_workers
-        # The step's ``resources`` (per worker, besides its devices; BaseOperator has its
-        # own ``resources``); the workers' image and the pipeline's code in it (clusters).
-        self.worker_resources = worker_resources or {}
-        self.image = image
-        self.code_image_path = code_image_path
+        # The step's plan (tideflow.compile.gang_plan). Airflow renders each templated
+        # field on its own, so those are attributes of their own, taken from the plan;
+        # ``step_plan`` puts the rendered values back.
+        self.plan = plan
+        entrypoint = plan.entrypoint
+        self.entrypoint = entrypoint if isinstance(entrypoint, str) else list(entrypoint)
+        self.args = dict(plan.args)
+        self.env = dict(plan.env)
+        self.workers = plan.workers
+        self.min_workers = plan.min_workers
+        self.devices_per_worker = plan.devices_per_worker
+        self.max_restarts = plan.max_restarts
+        self.checkpoint = checkpoint_to_json(plan.checkpoint)
+        self.priority_class = plan.priority_class
         self.lease_poll_s = lease_poll_s
         self.gang_poll_s = gang_poll_s
         self.wait_timeout_s = wait_timeout_s
@@ -100,37 +91,46 @@ class GangTrainingOperator(TideflowOperator):
 
         return gang_id_for(self.dag_id, context["run_id"], self.task_id)
 
-    def _gang(self, context: Context) -> Any:
+    def step_plan(self) -> GangStepPlan:
+        """The step's plan with its rendered fields put back."""
+        from tideflow.compile.gang_plan import checkpoint_from_json
+
+        entrypoint = self.entrypoint
+        return replace(
+            self.plan,
+            entrypoint=entrypoint if isinstance(entrypoint, str) else tuple(map(str, entrypoint)),
+            args=self.args,
+            env=self.env,
+            workers=self.workers,
+            min_workers=self.min_workers,
+            devices_per_worker=self.devices_per_worker,
+            max_restarts=self.max_restarts,
+            checkpoint=checkpoint_from_json(self.checkpoint),
+            priority_class=self.priority_class,
+        )
+
+    def _gang(self, context: Context, classes: Inventory | None = None) -> ResolvedGang:
         """This step's gang in this run (``tideflow.gangs.resolve_gang``): one rule for its
-        id, checkpoint store and environment, wherever it runs."""
-        from tideflow.gangs import resolve_gang
+        id, checkpoint store, environment and, with the cluster file's ``classes``, its
+        priority, wherever it runs."""
+        from tideflow.gangs import PriorityClassError, resolve_gang
         from tideflow.storage.roots import StoreRootError
 
         settings = self.hook.settings()
         try:
             return resolve_gang(
+                self.step_plan(),
                 pipeline=self.dag_id,
                 team=self.team,
                 run_id=context["run_id"],
                 step=self.task_id,
-                config={**self._config(), **self._step_fields()},
                 artifact_root=settings.artifact_root,
                 allowed_roots=settings.checkpoint_roots_for(self.team),
+                code_path=self.code_path,
+                classes=classes,
             )
-        except StoreRootError as exc:
+        except (StoreRootError, PriorityClassError) as exc:
             raise AirflowFailException(f"tideflow: step '{self.task_id}': {exc}") from None
-
-    def _step_fields(self) -> dict[str, Any]:
-        return {
-            "entrypoint": self.entrypoint,
-            "args": self.args,
-            "env": self.env,
-            "checkpoint": self.checkpoint,
-            "max_restarts": self.max_restarts,
-            "resources": self.worker_resources,
-            "image": self.image,
-            "code": {"path": self.code_path, "image_path": self.code_image_path},
-        }
 
     def _on_cluster(self) -> bool:
         return self.hook.on_cluster()
@@ -138,18 +138,6 @@ class GangTrainingOperator(TideflowOperator):
     def _paths(self) -> tuple[Path, Path, str | None]:
         settings = self.hook.settings()
         return settings.ledger_path, settings.gangs_dir, settings.cluster
-
-    def _config(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "workers": self.workers,
-            "min_workers": self.min_workers,
-            "devices_per_worker": self.devices_per_worker,
-            "priority": self.priority,
-            "priority_class": self.priority_class,
-            "preemptible": self.preemptible,
-            "hang_timeout": self.hang_timeout,
-        }
 
     def _deadline(self, context: Context) -> float:
         """When this try gives up: its ``timeout`` (``execution_timeout``), or the wait limit.
@@ -188,7 +176,7 @@ class GangTrainingOperator(TideflowOperator):
         return stop_gang(gang_id, self.hook.ledger(), LocalBackend(state_dir))
 
     def resume_execution(
-        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
+        self, next_method: str, next_kwargs: ResumeKwargs | None, context: Context
     ) -> Any:
         """Airflow's own deferral timeout (the scheduler fails a deferred task whose
         ``execution_timeout`` passed) stops the gang too, before the task fails."""
@@ -222,7 +210,8 @@ class GangTrainingOperator(TideflowOperator):
             )
             return self._defer_to_gang(context, gang_id)
         ledger = self.hook.ledger()
-        request = self._request(context, ledger.inventory)
+        # its priority from the cluster file's class (if any)
+        request = self._gang(context, ledger.inventory).request()
         result = ledger.try_acquire(request, holder_name(), 300.0)
         if isinstance(result, Lease):
             return self._start(context, result)
@@ -245,20 +234,7 @@ class GangTrainingOperator(TideflowOperator):
             method_name="lease_granted",
         )
 
-    def _request(self, context: Context, inventory: Any) -> Any:
-        """The ledger's request, its priority from the run's priority class (if any)."""
-        return self._classed_gang(context, inventory).request()
-
-    def _classed_gang(self, context: Context, inventory: Any) -> Any:
-        """The gang with the cluster file's class: the run's, else its team's default."""
-        from tideflow.gangs import with_team_priority
-
-        try:
-            return with_team_priority(self._gang(context), inventory)
-        except ValueError as exc:
-            raise AirflowFailException(f"tideflow: step '{self.task_id}': {exc}") from None
-
-    def lease_granted(self, context: Context, event: dict[str, Any]) -> Any:
+    def lease_granted(self, context: Context, event: LeaseEvent) -> Any:
         if event["status"] == TriggerStatus.NEVER:
             raise AirflowFailException(f"tideflow: gang can never be placed: {event['reason']}")
         if event["status"] == TriggerStatus.TIMEOUT:
@@ -296,6 +272,8 @@ class GangTrainingOperator(TideflowOperator):
         return self._defer_to_gang(context, job.gang_id)
 
     def _execute_on_cluster(self, context: Context) -> Any:
+        from tideflow.inventory import inventory_for
+
         gang_id = self._gang_id(context)
         backend = self.hook.cluster_backend()
         running = backend.reattach(gang_id)
@@ -313,12 +291,9 @@ class GangTrainingOperator(TideflowOperator):
                 "(a list such as [python, -m, my.module])"
             )
         ctx = self.step_context(context)
-        gang = self._gang(context)
         _, _, cluster = self._paths()
-        if cluster is not None:  # the class the cluster file gives it, as on the local ledger
-            from tideflow.inventory import inventory_for
-
-            gang = self._classed_gang(context, inventory_for(cluster))
+        # the class the cluster file gives it, as on the local ledger
+        gang = self._gang(context, None if cluster is None else inventory_for(cluster))
         job = gang.cluster_job(self._tracking_env(context, ctx), context=ctx)
         status = backend.submit(job)
         self.log.info(
@@ -343,7 +318,7 @@ class GangTrainingOperator(TideflowOperator):
         run_id = track_step(self, context, "gang_training")
         return {} if run_id is None else {"MLFLOW_RUN_ID": run_id}
 
-    def _record(self, context: Context, status: Any, outputs: dict[str, Any]) -> None:
+    def _record(self, context: Context, status: Any, outputs: GangOutputs) -> None:
         from tideflow.tracking import tracking_enabled
 
         run_id = context["ti"].xcom_pull(task_ids=self.task_id, key="mlflow_run_id")
@@ -357,7 +332,7 @@ class GangTrainingOperator(TideflowOperator):
                 self.log.info("tideflow: delivered %d buffered MLflow record(s)", delivered)
         except Exception as exc:
             self.log.warning("tideflow: buffered MLflow records not delivered yet: %s", exc)
-        device_class = self.device["class"]
+        device_class = self.plan.device_class
         tags = {"tideflow.gang_state": str(status.state), "tideflow.restarts": str(status.restarts)}
         if outputs.get("checkpoint"):
             tags["tideflow.checkpoint"] = str(outputs["checkpoint"])
@@ -411,7 +386,7 @@ class GangTrainingOperator(TideflowOperator):
             method_name="gang_finished",
         )
 
-    def gang_finished(self, context: Context, event: dict[str, Any]) -> Any:
+    def gang_finished(self, context: Context, event: GangEvent) -> Any:
         from tideflow.backends.protocol import GangState, GangStatus
 
         gang_id = self._gang_id(context)
@@ -459,7 +434,7 @@ class GangTrainingOperator(TideflowOperator):
                 gang_id,
             )
 
-    def _outputs(self, context: Context, status: Any) -> dict[str, Any]:
+    def _outputs(self, context: Context, status: Any) -> GangOutputs:
         from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
 
         try:
@@ -467,5 +442,6 @@ class GangTrainingOperator(TideflowOperator):
         except NoCheckpointError as exc:
             # Retrying would run the same script to the same end: fail for good.
             raise AirflowFailException(f"tideflow: {exc}") from None
-        outputs.update(restarts=status.restarts, device_hours=status.device_seconds / 3600)
+        outputs["restarts"] = status.restarts
+        outputs["device_hours"] = status.device_seconds / 3600
         return outputs

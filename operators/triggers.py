@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Required, TypeAlias, TypedDict
 
 from airflow.triggers.base import TriggerEvent
 
@@ -21,8 +21,32 @@ from tideflow.operators.trigger_base import TriggerStatus as TriggerStatus  # no
 
 if TYPE_CHECKING:
     from tideflow.backends.local import LocalBackend
+    from tideflow.gangs import GangRequestJson
 
 MODULE = "tideflow.operators.triggers"
+
+
+# Airflow's own type for the keyword arguments a deferred task resumes with
+# (BaseOperator.resume_execution: the trigger's event, or Airflow's failure reason).
+ResumeKwargs: TypeAlias = "dict[str, Any]"
+
+
+class LeaseEvent(TypedDict, total=False):
+    """What ``LeaseTrigger`` fires with."""
+
+    status: Required[str]  # granted, never or timeout
+    lease_id: str  # granted
+    reason: str  # never, timeout: why the gang does not fit (now)
+    deadline: float
+
+
+class GangEvent(TypedDict, total=False):
+    """What ``GangTrigger`` and ``ClusterGangTrigger`` fire with."""
+
+    status: Required[str]  # finished, timeout or unknown
+    gang: str  # the gang's status as JSON (GangStatus.to_json)
+    gang_id: str  # unknown: the gang the backend does not know
+    deadline: float
 
 
 class LeaseTrigger(PollingTrigger):
@@ -33,7 +57,7 @@ class LeaseTrigger(PollingTrigger):
     def __init__(
         self,
         *,
-        request: dict[str, Any],
+        request: GangRequestJson,
         ledger_path: str,
         cluster_file: str | None,
         holder: str,

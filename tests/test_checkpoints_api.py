@@ -32,6 +32,7 @@ from torch.utils.data import DistributedSampler
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.local import LocalBackend
 from tideflow.checkpoint import CheckpointManager
+from tideflow.compile.gang_plan import gang_plan_from_json
 from tideflow.gangs import resolve_gang
 from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
 from tideflow.runtime import ResumableSampler
@@ -292,11 +293,13 @@ def test_an_unmodified_script_is_told_it_resumes_from_nothing(tmp_path: Path) ->
 
 def resolved(tmp_path: Path, checkpoint: dict[str, Any]) -> Any:
     return resolve_gang(
+        gang_plan_from_json(
+            {"entrypoint": ["python", "train.py"], "workers": 2, "checkpoint": checkpoint}
+        ),
         pipeline="p",
         team="t",
         run_id="r1",
         step="train",
-        config={"entrypoint": ["python", "train.py"], "workers": 2, "checkpoint": checkpoint},
         artifact_root=tmp_path.as_uri(),
         allowed_roots=[tmp_path.as_uri()],
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from tests.kubefake import DEPLOY, KubeFake, service_account
 from tideflow.argo import compile_pipeline
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.compile.dag_plan import compile_dag_plan
+from tideflow.compile.gang_plan import gang_plan_from_json
 from tideflow.gangs import resolve_gang
 from tideflow.kube import KubeSettings
 from tideflow.spec import load_pipeline
@@ -127,11 +129,11 @@ def test_the_argo_gang_drivers_workers_get_the_step_image_code_args_and_resource
     parser.add_argument("--owner-uid")
     config, _ = read_step(parser.parse_args(filled))
     gang = resolve_gang(
+        gang_plan_from_json(config),
         pipeline="vision",
         team="vision",
         run_id="wf-1",
         step="train",
-        config=config,
         artifact_root="s3://tideflow/artifacts",
         allowed_roots=("s3://tideflow/artifacts",),
     )
@@ -152,21 +154,18 @@ def test_the_argo_gang_drivers_workers_get_the_step_image_code_args_and_resource
 def cluster_gang(vision: Path) -> Any:
     """The train step as the operator resolves it on a cluster (its kwargs from the DAG)."""
     plan = compile_dag_plan(load_pipeline(vision))
-    (task,) = [t for t in plan.tasks if t.kind == "gang_training"]
-    config = {
-        **task.config,
-        "args": {"lr": 0.5, "fp16": True, "debug": False},  # as rendered
-        "image": task.image,
-        "code": {"path": plan.code_path, "image_path": plan.code_image_path},
-    }
+    (task,) = [t for t in plan.tasks if t.gang is not None]
+    assert task.gang is not None
+    rendered = replace(task.gang, args={"lr": 0.5, "fp16": True, "debug": False})
     return resolve_gang(
+        rendered,
         pipeline="vision",
         team="vision",
         run_id="manual__2026-11-23T12:00:00+00:00",
         step="train",
-        config=config,
         artifact_root="s3://tideflow/artifacts",
         allowed_roots=("s3://tideflow/artifacts",),
+        code_path=plan.code_path,
     )
 
 
@@ -245,15 +244,15 @@ def test_the_gang_operator_hands_image_resources_and_code_to_its_cluster_gang(
     monkeypatch.delenv("TIDEFLOW_BACKEND", raising=False)
     train = build_dag(compile_dag_plan(load_pipeline(vision))).get_task("train")
     train.args = {"lr": 0.5, "fp16": True, "debug": False}  # rendered
-    config = {**train._config(), **train._step_fields()}
     gang = resolve_gang(
+        train.step_plan(),
         pipeline="vision",
         team="vision",
         run_id="r",
         step="train",
-        config=config,
         artifact_root="s3://tideflow/artifacts",
         allowed_roots=("s3://tideflow/artifacts",),
+        code_path=train.code_path,
     )
     job = gang.cluster_job()
     assert (job.image, job.cpu, job.memory) == (TRAIN, "12", "96Gi")

@@ -21,6 +21,7 @@ from tests.kubefake import KubeFake, gang_cluster, service_account
 from tests.simulated_workers import commit_as_workers
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.backends.protocol import GangState
+from tideflow.compile.gang_plan import gang_plan_from_json
 from tideflow.gangs import ResolvedGang, resolve_gang
 from tideflow.gangs.driver import StoppedError, drive, main
 from tideflow.kube import KubeSettings
@@ -85,11 +86,11 @@ def argv(
 def resolved(run_id: str, artifact_root: str = "s3://tideflow/artifacts") -> ResolvedGang:
     """The gang step of CONFIG in run ``run_id``, as the operator and the driver resolve it."""
     return resolve_gang(
+        gang_plan_from_json(CONFIG),
         pipeline="vision-train",
         team="vision",
         run_id=run_id,
         step="train",
-        config=CONFIG,
         artifact_root=artifact_root,
         allowed_roots=(),
     )

@@ -143,17 +143,18 @@ def test_a_hang_is_noticed_its_stacks_dumped_and_a_second_hang_fails_the_gang(
 def test_the_steps_hang_timeout_reaches_every_worker(
     tmp_path: Path, declared: dict[str, Any], expected: str | None
 ) -> None:
+    from tideflow.compile.gang_plan import gang_plan_from_json
     from tideflow.gangs import resolve_gang
     from tideflow.spec.models import GangTraining
 
     config = {"entrypoint": ["python", "train.py"], "workers": 2, **declared}
     GangTraining.model_validate(config)  # what the spec accepts
     gang = resolve_gang(
+        gang_plan_from_json(config),
         pipeline="p",
         team="t",
         run_id="r",
         step="train",
-        config=config,
         artifact_root=tmp_path.as_uri(),
         allowed_roots=[tmp_path.as_uri()],
     )

@@ -25,6 +25,7 @@ from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.pods import container_environment
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.checkpoint import CheckpointManager
+from tideflow.compile.gang_plan import gang_plan_from_json
 from tideflow.gangs import resolve_gang
 from tideflow.gangs.driver import main
 from tideflow.kube import KubeSettings
@@ -93,11 +94,11 @@ def test_the_controllers_pods_get_the_step_context_files(fake: KubeFake, schedul
     settings = KubeSettings(namespace=NS, gang_scheduler=scheduler)
     run_id = "manual__2026-11-23T12:00:00+00:00"
     gang = resolve_gang(
+        gang_plan_from_json(CONFIG),
         pipeline="vision-train",
         team="vision",
         run_id=run_id,
         step="train",
-        config=CONFIG,
         artifact_root="s3://tideflow/artifacts",
         allowed_roots=(),
     )
@@ -118,11 +119,11 @@ def test_the_controllers_pods_get_the_step_context_files(fake: KubeFake, schedul
 
 def test_without_a_context_the_pods_get_no_step_files(fake: KubeFake) -> None:
     gang = resolve_gang(
+        gang_plan_from_json(CONFIG),
         pipeline="p",
         team="vision",
         run_id="r",
         step="train",
-        config=CONFIG,
         artifact_root="s3://tideflow/artifacts",
         allowed_roots=(),
     )

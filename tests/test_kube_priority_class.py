@@ -26,9 +26,10 @@ from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.schemas import SCHEMAS, crd_schema, validate
 from tideflow.backends.kubernetes import KubernetesBackend, gang_object
 from tideflow.cli import main
-from tideflow.gangs import resolve_gang, with_team_priority
+from tideflow.compile.gang_plan import gang_plan_from_json
+from tideflow.gangs import resolve_gang
 from tideflow.gangs.resolved import ResolvedGang
-from tideflow.inventory import inventory_for
+from tideflow.inventory import Inventory, inventory_for
 from tideflow.kube import KubeSettings
 
 NS = "tideflow"
@@ -81,23 +82,30 @@ def class_names(objects: list[dict[str, Any]], engine: str) -> set[str]:
     return {o["metadata"]["name"] for o in objects if o["kind"] == WANTED[engine]}
 
 
-def gang(priority_class: str | None = "urgent", step: str = "train") -> ResolvedGang:
-    """The vision team's gang step as the operator resolves it, its run naming a class."""
-    return resolve_gang(
-        pipeline="vision-train",
-        team="vision",
-        run_id="manual__2026-11-23T12:00:00+00:00",
-        step=step,
-        config={
+def gang(
+    priority_class: str | None = "urgent", step: str = "train", classes: Inventory | None = None
+) -> ResolvedGang:
+    """The vision team's gang step as the operator resolves it, its run naming a class;
+    with the cluster file's ``classes``, the class's priority."""
+    plan = gang_plan_from_json(
+        {
             "workers": 2,
             "devices_per_worker": 1,
             "entrypoint": ["python", "-m", "vision.train"],
             "device": {"class": "gpu", "model": "H100"},
             "max_restarts": 1,
             "priority_class": priority_class,
-        },
+        }
+    )
+    return resolve_gang(
+        plan,
+        pipeline="vision-train",
+        team="vision",
+        run_id="manual__2026-11-23T12:00:00+00:00",
+        step=step,
         artifact_root=ROOT,
         allowed_roots=(ROOT,),
+        classes=classes,
     )
 
 
@@ -141,8 +149,8 @@ def test_a_gang_of_a_class_names_the_object_tideflow_compile_emits(
     else:
         # the pods take the Job's class (createJobPod): their template names none
         assert "priorityClassName" not in obj["spec"]["tasks"][0]["template"]["spec"]
-    # the team's default class (with_team_priority, as on the local backend) is carried too
-    default = with_team_priority(gang(None), inventory_for(cluster_file))
+    # the team's default class (resolved as on the local backend) is carried too
+    default = gang(None, classes=inventory_for(cluster_file))
     assert default.priority_class == "normal" and default.priority == 100
     assert named_class(gang_object(default.cluster_job(), settings), engine) in names
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 from tests.kubefake.schemas import SCHEMAS, crd_schema, validate
 from tideflow.backends.kubernetes import gang_object
 from tideflow.compile.dag_plan import DagPlan, compile_dag_plan
+from tideflow.compile.gang_plan import gang_plan_from_json, gang_plan_to_json
 from tideflow.gangs import resolve_gang
 from tideflow.kube import KubeSettings, dns_label
 from tideflow.spec import load_pipeline
@@ -46,7 +48,14 @@ def rendered_plan(repo: Path, **params: Any) -> DagPlan:
             return {k: render(v) for k, v in value.items()}
         return value
 
-    tasks = tuple(type(t)(**{**t.__dict__, "config": render(t.config)}) for t in plan.tasks)
+    tasks = tuple(
+        replace(
+            t,
+            config=render(t.config),
+            gang=t.gang and gang_plan_from_json(render(gang_plan_to_json(t.gang))),
+        )
+        for t in plan.tasks
+    )
     return type(plan)(**{**plan.__dict__, "tasks": tasks})
 
 
@@ -55,12 +64,13 @@ def digits_gang_object(repo: Path, settings: KubeSettings, **params: Any) -> dic
     resolved as at run time (``resolve_gang``), built by the Kubernetes backend."""
     plan = rendered_plan(repo, **params)
     (train,) = [t for t in plan.tasks if t.kind == "gang_training"]
+    assert train.gang is not None
     gang = resolve_gang(
+        train.gang,
         pipeline=plan.dag_id,
         team=plan.team,
         run_id=RUN_ID,
         step=train.task_id,
-        config=train.config,
         artifact_root=settings.artifact_root,
         allowed_roots=(settings.artifact_root,),
     )

@@ -342,16 +342,17 @@ def test_a_ledger_written_before_elastic_gangs_is_upgraded(tmp_path: Path, clock
 
 
 def test_a_steps_min_workers_makes_its_request_elastic_only_below_workers() -> None:
+    from tideflow.compile.gang_plan import gang_plan_from_json
     from tideflow.gangs import request_from_dict, request_to_dict, resolve_gang
 
     def request(**config: object) -> GangRequest:
         base = {"device": {"class": "gpu"}, "workers": 4, "devices_per_worker": 8}
         gang = resolve_gang(
+            gang_plan_from_json({"entrypoint": ["train"], **base, **config}),
             pipeline="p",
             team="t",
             run_id="r",
             step="s",
-            config={"entrypoint": ["train"], **base, **config},
             artifact_root="file:///tmp/artifacts",
             allowed_roots=(),
         )

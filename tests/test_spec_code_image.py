@@ -162,10 +162,10 @@ def test_gang_resources_are_per_worker_cpu_and_memory(tmp_path: Path) -> None:
         entrypoint="[python, -m, team.train]", device="gpu", resources="{cpu: 8, memory: 64Gi}"
     )
     (task,) = compile_dag_plan(load_pipeline(write(tmp_path, text))).tasks
-    assert task.config["resources"] == {"cpu": "8", "memory": "64Gi"}
+    assert task.gang is not None and (task.gang.cpu, task.gang.memory) == ("8", "64Gi")
     text = HEADER + GANG.format(entrypoint="[python, -m, team.train]", device="cpu", resources="{}")
     (task,) = compile_dag_plan(load_pipeline(write(tmp_path, text))).tasks
-    assert task.config["resources"] == {"cpu": None, "memory": None}  # nothing asked
+    assert task.gang is not None and (task.gang.cpu, task.gang.memory) == (None, None)
 
 
 @pytest.mark.parametrize(

@@ -459,7 +459,7 @@ def test_a_priority_class_needs_a_cluster_file_that_declares_classes(
     cluster: Inventory, tmp_path: Path
 ) -> None:
     """A run of a pipeline naming a class is refused where the cluster file declares no
-    classes (``tideflow.gangs.with_team_priority``), so validation says so first, at the
+    classes (``tideflow.gangs.resolve_gang``), so validation says so first, at the
     field, rather than letting the DAG load and every run fail."""
     path = tmp_path / "p.yaml"
     path.write_text(

@@ -28,7 +28,8 @@ from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.broker import Forecast, PolicyConfig, Snapshot, decide
 from tideflow.broker.local import LocalActuator
-from tideflow.gangs import build_job, enforce_evictions, resolve_gang, with_team_priority
+from tideflow.compile.gang_plan import gang_plan_from_json
+from tideflow.gangs import build_job, enforce_evictions, resolve_gang
 from tideflow.gangs.control import gang_rows, stop_gang
 from tideflow.inventory import Inventory, Node, load_cluster
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger, Refusal
@@ -78,22 +79,26 @@ def start_gang(
     (its supervisor holds the lease); the directory its processes report to."""
     out = tmp_path / pipeline
     out.mkdir()
-    gang = resolve_gang(
-        pipeline=pipeline,
-        team=team,
-        run_id="r1",
-        step="train",
-        config={
+    plan = gang_plan_from_json(
+        {
             "entrypoint": ["python", WORKER],
             "workers": workers,
             "devices_per_worker": devices_per_worker,
             "device": {"class": "gpu", "model": None},
             "env": {"STUBBORN_DIR": str(out), "STUBBORN_ON_TERM": on_term},
-        },
+            "max_restarts": 0,
+        }
+    )
+    gang = resolve_gang(
+        plan,
+        pipeline=pipeline,
+        team=team,
+        run_id="r1",
+        step="train",
         artifact_root=tmp_path.as_uri(),
         allowed_roots=[tmp_path.as_uri()],
+        classes=ledger.inventory,
     )
-    gang = with_team_priority(gang, ledger.inventory)
     lease = ledger.try_acquire(gang.request(), "operator", 600)
     assert isinstance(lease, Lease), lease
     assert gang.command is not None

@@ -16,6 +16,7 @@ from typing import Any
 
 from tideflow import __version__
 from tideflow.compile.dag_plan import compile_dag_plan, topological_order
+from tideflow.compile.gang_plan import GangStepPlan
 from tideflow.compile.templates import exact_param, has_template
 from tideflow.config import ConfigError, Settings
 from tideflow.gangs.priority import gang_priority
@@ -126,17 +127,16 @@ def _at_default(value: Any, spec: PipelineSpec) -> tuple[str, Any]:
     return f"{value} (rendered when the run starts)", None
 
 
-def _gang_summary(config: dict[str, Any], spec: PipelineSpec, inventory: Inventory | None) -> str:
-    device = config["device"]
-    label = device["class"] + (f" {device['model']}" if device.get("model") else "")
-    workers, workers_value = _at_default(config["workers"], spec)
-    per, per_value = _at_default(config["devices_per_worker"], spec)
+def _gang_summary(gang: GangStepPlan, spec: PipelineSpec, inventory: Inventory | None) -> str:
+    label = gang.device_class + (f" {gang.device_model}" if gang.device_model else "")
+    workers, workers_value = _at_default(gang.workers, spec)
+    per, per_value = _at_default(gang.devices_per_worker, spec)
     text = f"workers {workers}"
-    if config.get("min_workers") is not None:
-        text += f", min_workers {_at_default(config['min_workers'], spec)[0]}"
+    if gang.min_workers is not None:
+        text += f", min_workers {_at_default(gang.min_workers, spec)[0]}"
     text += f", {per} {label} each"
     if inventory is not None and _is_int(workers_value) and _is_int(per_value):
-        room = inventory.max_gang_workers(device["class"], device.get("model"), per_value)
+        room = inventory.max_gang_workers(gang.device_class, gang.device_model, per_value)
         text += f"; cluster '{inventory.name}' has room for {room} such worker(s)"
     return text
 
@@ -175,12 +175,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if task.kind == "data_prep":
             res = config["resources"]
             print(f"     resources: cpu {res['cpu']}, memory {res['memory']}")
-        elif task.kind == "gang_training":
-            print(f"     gang: {_gang_summary(config, spec, inventory)}")
-            print(f"     priority: {gang_priority(plan, task, inventory)}")
-            res = config.get("resources") or {}
-            if res.get("cpu") is not None or res.get("memory") is not None:
-                asked = [f"{k} {res[k]}" for k in ("cpu", "memory") if res.get(k) is not None]
+        elif task.gang is not None:
+            gang = task.gang
+            print(f"     gang: {_gang_summary(gang, spec, inventory)}")
+            print(f"     priority: {gang_priority(plan, gang, inventory)}")
+            asked = [f"{k} {v}" for k, v in (("cpu", gang.cpu), ("memory", gang.memory)) if v]
+            if asked:
                 print(f"     per worker: {', '.join(asked)}")
         elif task.kind == "evaluation":
             print(f"     devices (preference): {', '.join(config['devices'])}")

@@ -12,6 +12,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tideflow.compile.gang_plan import GangStepPlan, gang_plan_to_json, gang_step_plan
 from tideflow.compile.templates import exact_param
 from tideflow.spec.models import (
     DataPrep,
@@ -22,7 +23,7 @@ from tideflow.spec.models import (
     PromoteCheckpoint,
     Step,
 )
-from tideflow.spec.params import run_params
+from tideflow.spec.params import PRIORITY_PARAM, run_params
 
 POOL_FOR_CLASS = {"cpu": "tideflow-cpu", "gpu": "tideflow-gpu", "npu": "tideflow-npu"}
 OPERATOR_FOR_KIND = {
@@ -83,12 +84,14 @@ class TaskPlan:
     pool_slots: int
     retries: int
     timeout_seconds: int | None
+    # The step's spec fields as JSON; a gang step's are its typed ``gang`` plan instead.
     config: dict[str, Any] = field(hash=False)
     # Upstream steps whose XCom outputs this step reads: {"checkpoint": "train", ...}
     sources: dict[str, str] = field(default_factory=dict, hash=False)
     # The step's container image on a cluster (its own, else the pipeline's); None: the
     # platform's default.
     image: str | None = None
+    gang: GangStepPlan | None = field(default=None, hash=False)  # a gang_training step's
 
 
 @dataclass(frozen=True)
@@ -111,17 +114,23 @@ class DagPlan:
     priority_class: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plan as JSON-able data; a gang step's plan is its ``config``, as the spec's."""
+        doc = asdict(self)
+        for task, task_doc in zip(self.tasks, doc["tasks"], strict=True):
+            del task_doc["gang"]
+            if task.gang is not None:
+                task_doc["config"] = gang_plan_to_json(task.gang, step_only=True)
+        return doc
 
-    def keep_best_of(self, task: TaskPlan) -> dict[str, Any] | None:
+    def keep_best_of(self, task: TaskPlan) -> dict[str, str] | None:
         """The ``checkpoint.keep_best`` (metric, mode) of the gang step ``task`` reads its
         checkpoints from: what an evaluation's ``checkpoint: best`` ranks by."""
         gang = task.sources.get("checkpoint")
         source = next((t for t in self.tasks if t.task_id == gang), None)
-        if source is None or source.kind != "gang_training":
+        if source is None or source.gang is None:
             return None
-        best = (source.config.get("checkpoint") or {}).get("keep_best")
-        return dict(best) if isinstance(best, dict) else None
+        best = source.gang.checkpoint.keep_best
+        return None if best is None else {"metric": best.metric, "mode": best.mode}
 
     def pool_demand(self) -> dict[str, int]:
         """Largest slot count any single task asks of each pool."""
@@ -207,11 +216,27 @@ def _sources(spec: PipelineSpec, step: Step) -> dict[str, str]:
     return found
 
 
+def _gang_plan(spec: PipelineSpec, step: Step) -> GangStepPlan | None:
+    """A gang step's plan, with the pipeline's image, code and the run's priority class
+    (the DAG's param, or the workflow's parameter, when the pipeline names a class)."""
+    if not isinstance(step.body, GangTraining):
+        return None
+    return gang_step_plan(
+        step.body,
+        image=spec.image_for(step),
+        code_image_path=spec.code.image_path if spec.code is not None else None,
+        priority_class=(
+            f"{{{{ params.{PRIORITY_PARAM} }}}}" if spec.metadata.priority_class else None
+        ),
+    )
+
+
 def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
     """Pure: the same spec always gives the same plan."""
     tasks = []
     for step in spec.steps:
         pool, slots = _placement(step, spec.params)
+        gang = _gang_plan(spec, step)
         tasks.append(
             TaskPlan(
                 task_id=step.name,
@@ -222,9 +247,10 @@ def compile_dag_plan(spec: PipelineSpec) -> DagPlan:
                 pool_slots=slots,
                 retries=step.retries,
                 timeout_seconds=step.timeout,
-                config=step.body.model_dump(mode="json", by_alias=True),
+                config={} if gang is not None else step.body.model_dump(mode="json", by_alias=True),
                 sources=_sources(spec, step),
                 image=spec.image_for(step),
+                gang=gang,
             )
         )
     meta = spec.metadata

@@ -29,29 +29,8 @@ def _operator_kwargs(task: TaskPlan, plan: DagPlan) -> dict[str, Any]:
             "env": config.get("env", {}),
             "outputs": tuple(config.get("outputs", ())),
         }
-    if task.kind == "gang_training":
-        config = task.config
-        keys = (
-            "entrypoint",
-            "args",
-            "env",
-            "workers",
-            "min_workers",
-            "devices_per_worker",
-            "device",
-            "checkpoint",
-            "max_restarts",
-            "priority",
-            "preemptible",
-        )
-        return {
-            **{key: config[key] for key in keys},
-            "priority_class": "{{ params.priority_class }}" if plan.priority_class else None,
-            "hang_timeout": config.get("hang_timeout"),
-            "worker_resources": config["resources"],
-            "image": task.image,
-            "code_image_path": plan.code_image_path,
-        }
+    if task.gang is not None:  # the operator takes the step's typed plan whole
+        return {"plan": task.gang}
     if task.kind == "evaluation":
         config = task.config
         return {

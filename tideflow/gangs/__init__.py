@@ -5,6 +5,7 @@
 from tideflow.gangs.evictions import EvictionStep, enforce_evictions
 from tideflow.gangs.local import (
     LEASE_TTL_S,
+    GangRequestJson,
     build_job,
     holder_name,
     local_command,
@@ -12,9 +13,9 @@ from tideflow.gangs.local import (
     open_ledger,
     request_from_dict,
     request_to_dict,
-    with_team_priority,
 )
 from tideflow.gangs.resolved import (
+    PriorityClassError,
     ResolvedGang,
     gang_id_for,
     resolve_gang,
@@ -24,6 +25,8 @@ from tideflow.gangs.resolved import (
 __all__ = [
     "LEASE_TTL_S",
     "EvictionStep",
+    "GangRequestJson",
+    "PriorityClassError",
     "ResolvedGang",
     "build_job",
     "enforce_evictions",
@@ -36,5 +39,4 @@ __all__ = [
     "request_to_dict",
     "resolve_gang",
     "run_prefix",
-    "with_team_priority",
 ]

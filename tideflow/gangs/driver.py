@@ -6,13 +6,14 @@
 
 The arguments are the standalone executor's (``tideflow.steps.standalone``): the
 rendered step comes as ``--config`` plus one ``--set`` per value the workflow
-fills in, so a gang's size may be a workflow parameter. The step is resolved
+fills in, so a gang's size may be a workflow parameter: the step's plan as JSON
+(``tideflow.compile.gang_plan``). The step is resolved
 as the operator resolves it (``tideflow.gangs.resolve_gang``) and submitted
 through the same backend (``tideflow.backends.kubernetes``), so on Argo as on
 Airflow the gang's object is named from its id and exists at most once, and
 carries the same priority class: the run's (``priority_class`` in the step),
 else its team's default, from the cluster file the workflow was compiled with
-(``--team-classes``; ``tideflow.gangs.with_team_priority``, as the operator):
+(``--team-classes``; resolved by ``resolve_gang``, as the operator's):
 
 * a retried step (a new driver pod) finds the gang its earlier attempt made and
   follows it if it still runs, or replaces it if it failed;
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
-from tideflow.gangs.local import with_team_priority
+from tideflow.compile.gang_plan import JsonObject, gang_plan_from_json
 from tideflow.gangs.resolved import ResolvedGang
 from tideflow.kube.argo.team_classes import team_classes_inventory
 from tideflow.steps.standalone import GANG_OUTPUTS
@@ -59,22 +60,6 @@ class StoppedError(Exception):
 
 class RefusedClassError(Exception):
     """The run names a priority class its team may not use, or one not declared."""
-
-
-def classed(gang: ResolvedGang, team_classes: str | None) -> ResolvedGang:
-    """The gang with the cluster file's class, as the operator gives it: the run's, else
-    its team's default; as resolved where the workflow was compiled without classes.
-
-    ``ValueError`` when ``team_classes`` is no cluster document; ``RefusedClassError``
-    names the classes the team may use.
-    """
-    if team_classes is None:
-        return gang
-    inventory = team_classes_inventory(team_classes)
-    try:
-        return with_team_priority(gang, inventory)
-    except ValueError as exc:
-        raise RefusedClassError(str(exc)) from None
 
 
 def drive(
@@ -123,29 +108,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolved(
-    args: argparse.Namespace, config: dict[str, Any], settings: KubeSettings
-) -> ResolvedGang:
-    """The step resolved as the operator resolves it, with the cluster file's class."""
-    from tideflow.gangs.resolved import resolve_gang
+def _resolved(args: argparse.Namespace, config: JsonObject, settings: KubeSettings) -> ResolvedGang:
+    """The step resolved as the operator resolves it, with the cluster file's class: the
+    run's, else its team's default; as planned where the workflow was compiled without
+    classes."""
+    from tideflow.gangs.resolved import PriorityClassError, resolve_gang
     from tideflow.storage.roots import team_roots
 
-    return classed(
-        resolve_gang(
+    classes = None if args.team_classes is None else team_classes_inventory(args.team_classes)
+    try:
+        return resolve_gang(
+            gang_plan_from_json(config),
             pipeline=args.pipeline,
             team=args.team,
             run_id=args.run_id,
             step=args.step,
-            config=config,
             artifact_root=settings.artifact_root,
             allowed_roots=team_roots(settings.artifact_root, settings.checkpoint_roots, args.team),
-        ),
-        args.team_classes,
-    )
+            classes=classes,
+        )
+    except PriorityClassError as exc:
+        raise RefusedClassError(str(exc)) from None
 
 
 def _cluster_job(
-    gang: ResolvedGang, args: argparse.Namespace, params: dict[str, Any], settings: KubeSettings
+    gang: ResolvedGang, args: argparse.Namespace, params: JsonObject, settings: KubeSettings
 ) -> GangJob:
     """The gang's job: the step's identity in the workers' env, its context files in the pods."""
     from tideflow.steps.context import StepContext

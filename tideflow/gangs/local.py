@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from tideflow.backends.protocol import GangJob, WorkerSlot
 from tideflow.gangs.resolved import ResolvedGang
-from tideflow.inventory import Inventory, detect_local, inventory_for
+from tideflow.inventory import detect_local, inventory_for
 from tideflow.scheduling import GangRequest, Lease, LeaseLedger
-from tideflow.scheduling.quota import Teams
+from tideflow.scheduling.model import DeviceClass
 from tideflow.steps.commands import resolve_command
 from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV, StepContext
 from tideflow.steps.entrypoints import ARGS_ENV
@@ -26,31 +25,38 @@ def open_ledger(path: Path, cluster_file: str | None) -> LeaseLedger:
     return LeaseLedger(path, inventory_for(cluster_file))
 
 
-def with_team_priority(gang: ResolvedGang, inventory: Inventory) -> ResolvedGang:
-    """The gang's priority from the cluster file's class: the one its run names, else
-    its team's default; without either it keeps the step's own ``priority``.
+class GangRequestJson(TypedDict):
+    """A ``GangRequest`` as a trigger carries it (JSON, across the triggerer); the keys
+    ``GangRequest`` has defaults for may be left out."""
 
-    ``ValueError`` names the classes the team may use when the class is not one.
-    """
-    teams = Teams.of(inventory)
-    if teams is None:
-        if gang.priority_class:
-            raise ValueError(
-                f"priority class '{gang.priority_class}' is named, but the cluster file "
-                f"'{inventory.name}' declares no priority classes"
-            )
-        return gang
-    value, name = teams.priority(gang.team, gang.priority_class)
-    if name is None:
-        return gang
-    return replace(gang, priority=value, priority_class=name)
+    gang_id: str
+    team: str
+    device_class: DeviceClass
+    model: str | None
+    workers: int
+    devices_per_worker: int
+    priority: NotRequired[int]
+    preemptible: NotRequired[bool]
+    min_workers: NotRequired[int | None]
+    priority_class: NotRequired[str | None]
 
 
-def request_to_dict(request: GangRequest) -> dict[str, Any]:
-    return asdict(request)
+def request_to_dict(request: GangRequest) -> GangRequestJson:
+    return GangRequestJson(
+        gang_id=request.gang_id,
+        team=request.team,
+        device_class=request.device_class,
+        model=request.model,
+        workers=request.workers,
+        devices_per_worker=request.devices_per_worker,
+        priority=request.priority,
+        preemptible=request.preemptible,
+        min_workers=request.min_workers,
+        priority_class=request.priority_class,
+    )
 
 
-def request_from_dict(data: dict[str, Any]) -> GangRequest:
+def request_from_dict(data: GangRequestJson) -> GangRequest:
     return GangRequest(**data)
 
 

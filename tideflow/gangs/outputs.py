@@ -9,7 +9,7 @@ hint; a step that declares its checkpoint ``optional`` only warns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Required, TypedDict
 
 from tideflow.checkpoint import CheckpointManager
 from tideflow.gangs.resolved import ResolvedGang
@@ -30,25 +30,35 @@ def no_checkpoint_message(gang: ResolvedGang) -> str:
     )
 
 
-def gang_outputs(gang: ResolvedGang, *, warn: Callable[[str], None]) -> dict[str, Any]:
+class GangOutputs(TypedDict, total=False):
+    """What a gang step hands downstream (XCom, or Argo's output parameters)."""
+
+    checkpoint_store: Required[str]
+    checkpoint: Required[str]  # the newest committed checkpoint's URI; "" when none
+    checkpoint_step: Required[int | str]  # its step; "" when none
+    checkpoint_checksum: str
+    metrics: dict[str, float]
+    restarts: int  # the operator's: how often the gang restarted, and its device-hours
+    device_hours: float
+
+
+def gang_outputs(gang: ResolvedGang, *, warn: Callable[[str], None]) -> GangOutputs:
     """``checkpoint_store`` and, from the newest committed checkpoint, ``checkpoint``,
     ``checkpoint_step``, ``checkpoint_checksum`` and ``metrics``.
 
     Raises ``NoCheckpointError`` when there is none and the step requires one.
     """
-    outputs: dict[str, Any] = {
+    outputs: GangOutputs = {
         "checkpoint_store": gang.store,
         "checkpoint": "",
         "checkpoint_step": "",
     }
     manifest = CheckpointManager(gang.store).latest()
     if manifest is not None:
-        outputs.update(
-            checkpoint=manifest.uri,
-            checkpoint_step=manifest.step,
-            checkpoint_checksum=manifest.checksum,
-            metrics=manifest.metrics,
-        )
+        outputs["checkpoint"] = manifest.uri
+        outputs["checkpoint_step"] = manifest.step
+        outputs["checkpoint_checksum"] = manifest.checksum
+        outputs["metrics"] = manifest.metrics
     elif gang.checkpoint_optional:
         warn(f"tideflow: {no_checkpoint_message(gang)} (declared optional: going on)")
     else:

@@ -1,8 +1,9 @@
 """A gang training step of one run, resolved once.
 
 Every place that runs a gang (the operator on the local backend or a cluster,
-the Argo gang driver) turns the rendered step into a ``ResolvedGang`` here, and
-takes what it needs from it: the ledger's request, the local job, the cluster
+the Argo gang driver) turns the rendered step's plan (``GangStepPlan``) and the
+cluster file's priority classes into a ``ResolvedGang`` here, and takes what it
+needs from it: the ledger's request, the local job, the cluster
 job (from which the Volcano Job or JobSet is built). So the gang's id, its
 checkpoint store, its workers' environment, command line, image and resources
 follow one rule everywhere.
@@ -13,31 +14,29 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tideflow.backends.protocol import GangJob, WorkerSlot
-from tideflow.checkpoint.policy import checkpoint_env
+from tideflow.compile.gang_plan import CheckpointPlan, GangStepPlan, JsonObject
 from tideflow.config import HANG_TIMEOUT_ENV
+from tideflow.inventory import Inventory
 from tideflow.kube.names import dns_label
 from tideflow.scheduling import GangRequest
 from tideflow.scheduling.model import DeviceClass
+from tideflow.scheduling.quota import Teams
 from tideflow.steps.code import with_code_path
 from tideflow.steps.commands import args_argv
-from tideflow.steps.context import StepContext
-from tideflow.storage import safe_segment
+from tideflow.steps.context import StepContext, StepRun
 from tideflow.storage.roots import check_root, gang_store
-
-DEFAULT_HANG_TIMEOUT_S = 1800  # the spec's default, for configs written without the field
 
 
 def gang_id_for(pipeline: str, run_id: str, step: str) -> str:
-    """Stable across retries of the same step in the same run (Airflow's or Argo's)."""
-    return f"{pipeline}/{run_id}/{step}"
+    """The step run's gang id (``StepRun.gang_id``): the same across retries."""
+    return StepRun(pipeline, run_id, step).gang_id
 
 
 def run_prefix(pipeline: str, run_id: str, step: str) -> str:
-    """The step's key prefix ``PIPELINE/RUN/STEP`` (as ``StepContext.run_prefix``)."""
-    return "/".join(safe_segment(part) for part in (pipeline, run_id, step))
+    """The step run's key prefix ``PIPELINE/RUN/STEP`` (``StepRun.key_prefix``)."""
+    return StepRun(pipeline, run_id, step).key_prefix
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class ResolvedGang:
     preemptible: bool = True
     min_workers: int | None = None  # elastic when below ``workers``
     # A module:function entry point's keyword arguments; a command's options (``command``).
-    args: dict[str, Any] = field(default_factory=dict)
+    args: JsonObject = field(default_factory=dict)
     checkpoint_optional: bool = False  # committing no checkpoint warns instead of failing
     image: str | None = None  # the workers' image on a cluster; None: the platform's
     cpu: str | None = None  # per worker, besides its devices (None: not asked for)
@@ -144,7 +143,7 @@ class ResolvedGang:
 
 
 def _checkpoint_store(
-    checkpoint: Mapping[str, Any],
+    checkpoint: CheckpointPlan,
     team: str,
     allowed_roots: Sequence[str],
     artifact_root: str,
@@ -152,91 +151,109 @@ def _checkpoint_store(
 ) -> str:
     """The gang's checkpoint store: under the step's root (one the team may write to,
     else ``StoreRootError``) or the artifact root, at the step's ``prefix``."""
-    root = checkpoint.get("store") or None
+    root = checkpoint.store
     if root:
         check_root(root, team, allowed_roots)
     return gang_store(root, artifact_root, prefix)
 
 
-def _workers_env(
-    config: Mapping[str, Any], checkpoint: Mapping[str, Any], store: str, gang_id: str
-) -> dict[str, str]:
+def _workers_env(plan: GangStepPlan, store: str, gang_id: str) -> dict[str, str]:
     """The workers' environment: the step's (sorted), the checkpoint policy's, the gang's id,
     and the hang timeout unless the step turned it off."""
     env = {
-        **{str(k): str(v) for k, v in sorted((config.get("env") or {}).items())},
-        **checkpoint_env(checkpoint, store),
+        **{str(k): str(v) for k, v in sorted(plan.env.items())},
+        **plan.checkpoint.env(store),
         "TIDEFLOW_GANG_ID": gang_id,
     }
-    hang = config.get("hang_timeout", DEFAULT_HANG_TIMEOUT_S)
-    if hang not in (None, ""):
-        env[HANG_TIMEOUT_ENV] = str(int(hang))
+    if plan.hang_timeout is not None:
+        env[HANG_TIMEOUT_ENV] = str(int(plan.hang_timeout))
     return env
 
 
-def _elastic_minimum(minimum: Any, workers: int) -> int | None:
+def _elastic_minimum(minimum: int | str | None, workers: int) -> int | None:
     """The gang's minimum size; elastic only when the minimum is below the size (equal
     means rigid, and so does no minimum)."""
     return int(minimum) if minimum not in (None, "") and int(minimum) < workers else None
 
 
+class PriorityClassError(ValueError):
+    """The run names a priority class its team may not use, or one the cluster file
+    does not declare."""
+
+
+def _priority(
+    team: str, named: str | None, own: int, classes: Inventory | None
+) -> tuple[int, str | None]:
+    """The gang's priority and class: the cluster file's class the run names, else its
+    team's default; without either (or without ``classes``) the step's own priority."""
+    if classes is None:
+        return own, named
+    teams = Teams.of(classes)
+    if teams is None:
+        if named:
+            raise PriorityClassError(
+                f"priority class '{named}' is named, but the cluster file "
+                f"'{classes.name}' declares no priority classes"
+            )
+        return own, named
+    try:
+        value, name = teams.priority(team, named)
+    except ValueError as exc:
+        raise PriorityClassError(str(exc)) from None
+    return (own, named) if name is None else (value, name)
+
+
 def resolve_gang(
+    plan: GangStepPlan,
     *,
     pipeline: str,
     team: str,
     run_id: str,
     step: str,
-    config: Mapping[str, Any],
     artifact_root: str,
     allowed_roots: Sequence[str],
+    code_path: str | None = None,
+    classes: Inventory | None = None,
 ) -> ResolvedGang:
-    """The gang of a rendered ``gang_training`` step (its spec fields) in one run.
+    """The gang of a rendered ``gang_training`` step ``plan`` in one run.
 
-    Besides the spec's fields, ``config`` may carry the step's ``image`` (its own or
-    the pipeline's) and the pipeline's ``code``: ``path`` (resolved on this machine)
-    and ``image_path`` (inside the image).
+    ``code_path`` is the pipeline's code directory on this machine. With ``classes``
+    (the cluster file), the gang's priority is the class the run names
+    (``plan.priority_class``), else its team's default; without either, or without
+    ``classes``, the step's own ``priority``.
 
     Raises ``StoreRootError`` when the step's checkpoint root is not one the
-    team may write to (checked at validation too, unless it was a template).
+    team may write to (checked at validation too, unless it was a template), and
+    ``PriorityClassError`` when the run's class is not one the team may use.
     """
-    checkpoint = config.get("checkpoint") or {"keep_last": 3}
-    store = _checkpoint_store(
-        checkpoint, team, allowed_roots, artifact_root, run_prefix(pipeline, run_id, step)
-    )
-    gang_id = gang_id_for(pipeline, run_id, step)
-    env = _workers_env(config, checkpoint, store, gang_id)
-    workers = int(config["workers"])
-    entrypoint = config["entrypoint"]
-    device = config.get("device") or {"class": "cpu", "model": None}
-    resources = config.get("resources") or {}
-    code = config.get("code") or {}
+    run = StepRun(pipeline, run_id, step)
+    store = _checkpoint_store(plan.checkpoint, team, allowed_roots, artifact_root, run.key_prefix)
+    gang_id = run.gang_id
+    workers = int(plan.workers)
+    priority, priority_class = _priority(team, plan.priority_class or None, plan.priority, classes)
     return ResolvedGang(
         gang_id=gang_id,
         pipeline=pipeline,
         team=team,
         run_id=run_id,
         step=step,
-        entrypoint=entrypoint if isinstance(entrypoint, str) else tuple(map(str, entrypoint)),
+        entrypoint=plan.entrypoint,
         store=store,
-        env=env,
+        env=_workers_env(plan, store, gang_id),
         workers=workers,
-        devices_per_worker=int(config.get("devices_per_worker", 1)),
-        device_class=device["class"],
-        model=device.get("model"),
-        max_restarts=int(config.get("max_restarts", 0)),
-        priority=int(config.get("priority", 0)),
-        priority_class=config.get("priority_class") or None,
-        preemptible=bool(config.get("preemptible", True)),
-        min_workers=_elastic_minimum(config.get("min_workers"), workers),
-        args=dict(config.get("args") or {}),
-        checkpoint_optional=bool(checkpoint.get("optional", False)),
-        image=config.get("image") or None,
-        cpu=_quantity(resources.get("cpu")),
-        memory=_quantity(resources.get("memory")),
-        code_path=code.get("path") or None,
-        image_code_path=code.get("image_path") or None,
+        devices_per_worker=int(plan.devices_per_worker),
+        device_class=plan.device_class,
+        model=plan.device_model,
+        max_restarts=int(plan.max_restarts),
+        priority=priority,
+        priority_class=priority_class,
+        preemptible=plan.preemptible,
+        min_workers=_elastic_minimum(plan.min_workers, workers),
+        args=dict(plan.args),
+        checkpoint_optional=plan.checkpoint.optional,
+        image=plan.image,
+        cpu=plan.cpu,
+        memory=plan.memory,
+        code_path=code_path or None,
+        image_code_path=plan.code_image_path,
     )
-
-
-def _quantity(value: Any) -> str | None:
-    return None if value in (None, "") else str(value)

@@ -267,7 +267,7 @@ class _Checker:
         if declared is None:
             named = meta.get("priority_class")
             # A cluster file without teams has no classes: every run naming one would be
-            # refused (tideflow.gangs.with_team_priority), so say so here, at the field.
+            # refused (tideflow.gangs.resolve_gang), so say so here, at the field.
             if isinstance(named, str) and hasattr(inventory, "teams"):
                 self.add(
                     ("metadata", "priority_class"),

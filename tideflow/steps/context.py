@@ -14,6 +14,27 @@ OUTPUTS_ENV = "TIDEFLOW_STEP_OUTPUTS"
 
 
 @dataclass(frozen=True)
+class StepRun:
+    """One step of one pipeline run, as every place names it: its gang's id and its
+    artifacts' key prefix. No try number: a retry is the same step run (it reattaches
+    to its gang, resumes from its checkpoints)."""
+
+    pipeline: str
+    run_id: str
+    step: str
+
+    @property
+    def gang_id(self) -> str:
+        """Stable across retries of the same step in the same run (Airflow's or Argo's)."""
+        return f"{self.pipeline}/{self.run_id}/{self.step}"
+
+    @property
+    def key_prefix(self) -> str:
+        """Key prefix of this step's artifacts: ``PIPELINE/RUN/STEP``, each part key-safe."""
+        return "/".join(safe_segment(part) for part in (self.pipeline, self.run_id, self.step))
+
+
+@dataclass(frozen=True)
 class StepContext:
     pipeline: str
     team: str
@@ -26,10 +47,13 @@ class StepContext:
     outputs: tuple[str, ...] = ()
 
     @property
+    def run(self) -> StepRun:
+        return StepRun(self.pipeline, self.run_id, self.step)
+
+    @property
     def run_prefix(self) -> str:
-        """Key prefix of this step's artifacts: ``PIPELINE/RUN/STEP``."""
-        parts = (self.pipeline, self.run_id, self.step)
-        return "/".join(safe_segment(part) for part in parts)
+        """Key prefix of this step's artifacts: ``PIPELINE/RUN/STEP`` (``StepRun``)."""
+        return self.run.key_prefix
 
     def store(self) -> Store:
         return open_store(self.artifact_root)

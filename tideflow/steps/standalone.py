@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -106,7 +106,7 @@ def output_text(value: Any) -> str:
     return str(value)
 
 
-def write_outputs(directory: Path, outputs: dict[str, Any], names: tuple[str, ...]) -> None:
+def write_outputs(directory: Path, outputs: Mapping[str, object], names: tuple[str, ...]) -> None:
     """One file per name; a name with no value gets an empty file, so Argo finds them all."""
     directory.mkdir(parents=True, exist_ok=True)
     for name in names:

@@ -31,13 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tideflow.compile.dag_plan import TaskPlan
+from tideflow.compile.gang_plan import gang_plan_to_json
 from tideflow.compile.templates import exact_param
 from tideflow.kube.argo.container import container_step, executor_args
 from tideflow.kube.argo.context import CompileContext
 from tideflow.kube.argo.plan import WORKFLOW_NAME, WORKFLOW_UID, StepTemplate
 from tideflow.kube.argo.team_classes import team_classes_json
 from tideflow.kube.settings import settings_to_json
-from tideflow.spec.params import PRIORITY_PARAM
 from tideflow.spec.yamlpos import Path
 from tideflow.steps.standalone import GANG_OUTPUTS
 
@@ -71,9 +71,10 @@ def sized(ctx: CompileContext, value: int | str, path: Path) -> Sized:
 
 
 def gang_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemplate | None:
-    config = task.config
+    plan = task.gang
+    assert plan is not None  # a gang_training task's
     base: Path = ("steps", index, "gang_training")
-    entrypoint = config["entrypoint"]
+    entrypoint = plan.entrypoint
     if isinstance(entrypoint, str):
         ctx.issue(
             (*base, "entrypoint"),
@@ -82,8 +83,13 @@ def gang_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemplate |
             "a command as a list, such as [python, -m, my.train, --lr, '{{ params.lr }}']",
         )
         return None
-    for size in ("workers", "devices_per_worker", "max_restarts"):
-        sized(ctx, config[size], (*base, size))
+    sizes = {
+        "workers": plan.workers,
+        "devices_per_worker": plan.devices_per_worker,
+        "max_restarts": plan.max_restarts,
+    }
+    for size, value in sizes.items():
+        sized(ctx, value, (*base, size))
     inputs: dict[str, str] = {}
     extra = [
         "--kube-settings",
@@ -98,16 +104,10 @@ def gang_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemplate |
     team_classes = team_classes_json(ctx.inventory, ctx.plan.team)
     if team_classes is not None:
         extra += ["--team-classes", team_classes]
-    # The gang's workers run in the step's image with the pipeline's code from it; the
-    # driver itself is tideflow's and runs in the platform's image.
-    doc = dict(config)
-    if task.image:
-        doc["image"] = task.image
-    if ctx.plan.code_image_path:
-        doc["code"] = {"image_path": ctx.plan.code_image_path}
-    if ctx.plan.priority_class:  # the run's class: the workflow parameter, as the DAG's param
-        doc["priority_class"] = f"{{{{ params.{PRIORITY_PARAM} }}}}"
-    args = executor_args(ctx, task, doc, base, inputs, extra=extra)
+    # The step's plan, with the image its workers run in, the pipeline's code in it and
+    # the run's class (the workflow parameter, as the DAG's param); the driver itself is
+    # tideflow's and runs in the platform's image.
+    args = executor_args(ctx, task, gang_plan_to_json(plan), base, inputs, extra=extra)
     return container_step(
         ctx,
         task,

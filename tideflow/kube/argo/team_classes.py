@@ -2,7 +2,7 @@
 
 On Airflow the gang operator reads the cluster file (``TIDEFLOW_CLUSTER_FILE``)
 when it submits a gang, and gives the gang the run's class, else its team's
-default (``tideflow.gangs.with_team_priority``). The driver's pod on Argo has
+default (``tideflow.gangs.resolve_gang``). The driver's pod on Argo has
 no cluster file: the compiler, which read it (``tideflow compile --target argo
 --cluster FILE``, else ``TIDEFLOW_CLUSTER_FILE``), passes the part that rule
 reads (the declared classes and the pipeline's team) as a cluster document of
