@@ -200,9 +200,9 @@ def triggerer(args: argparse.Namespace) -> None:
     class CountingTrigger(LeaseTrigger):
         polls: list[float]  # when each poll began
 
-        def _try_once(self) -> dict[str, Any]:
+        def poll(self) -> dict[str, Any]:
             self.polls.append(time.time())
-            return super()._try_once()
+            return super().poll()
 
     rows: list[dict[str, Any]] = []
     for n in args.triggers:

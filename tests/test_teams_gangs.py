@@ -157,7 +157,7 @@ def test_scenario_5_an_urgent_gang_preempts_the_long_run_which_resumes_exactly(
         deadline=1e12,
         state_dir=str(backend.state_dir),
     )
-    first = trigger._try_once()  # the ledger picks the victim; this poll asks it to stop
+    first = trigger.poll()  # the ledger picks the victim; this poll asks it to stop
     assert first["status"] == "waiting"
     assert first["reason"].startswith("stopping research/two-weeks (checkpoint first)")
     assert "preempted by research/replacement (priority 1000)" in first["reason"]
@@ -165,8 +165,8 @@ def test_scenario_5_an_urgent_gang_preempts_the_long_run_which_resumes_exactly(
     assert status.state is GangState.PREEMPTED and status.exit_codes == (75, 75)
     stopped = CheckpointManager(checkpoints).latest()
     assert stopped is not None and stopped.step >= 45
-    second = trigger._try_once()  # gives the stopped gang's devices back ...
-    third = second if second["status"] == "granted" else trigger._try_once()
+    second = trigger.poll()  # gives the stopped gang's devices back ...
+    third = second if second["status"] == "granted" else trigger.poll()
     assert third["status"] == "granted", (second, third)  # ... and the urgent gang starts
 
     # The long run asks again and waits until the urgent gang is done.
