@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 .PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast test-processes test-servers test-research test-torch-low lint fmt schema constraints bench docs clean
 
 help: ## Show the available targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 bootstrap: $(VENV)/.installed ## Create .venv and install tideflow with pinned dependencies
 
