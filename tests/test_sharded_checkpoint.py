@@ -29,13 +29,9 @@ import torch
 from tests.user_code.fsdp2_train import build_model
 from tideflow.checkpoint import CheckpointError, CheckpointManager, CorruptCheckpointError
 from tideflow.checkpoint.manifest import MANIFEST_NAME, step_prefix
-from tideflow.runtime.sharded import (
-    METADATA_SHARD,
-    CheckpointStorageReader,
-    async_save_sharded,
-    load_sharded,
-    save_sharded,
-)
+from tideflow.runtime.dcp_format import METADATA_SHARD
+from tideflow.runtime.dcp_reader import CheckpointStorageReader
+from tideflow.runtime.sharded import async_save_sharded, load_sharded, save_sharded
 
 pytestmark = pytest.mark.processes
 
