@@ -365,7 +365,8 @@ def test_gang_pods_carry_their_team_the_broker_reads() -> None:
     """The label the broker reads a gang's team from is on the pods of both gang kinds
     (their pod templates' labels), as the team's DNS label."""
     from tideflow.kube.jobset import gang_jobset
-    from tideflow.kube.volcano import TEAM_LABEL, gang_volcano_job
+    from tideflow.kube.volcano import gang_volcano_job
+    from tideflow.steps.context import TEAM_LABEL
 
     shape = GangShape("x", {}, ["python"], {}, 1, "gpu", 8, "H100", "Vision_Team", 0, 0)
     settings = KubeSettings(namespace=NS)

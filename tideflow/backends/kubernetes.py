@@ -29,9 +29,10 @@ from typing import Any
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
 from tideflow.kube import volcano_lineage
 from tideflow.kube.jobset import gang_jobset
-from tideflow.kube.names import dns_label, gang_object_name
+from tideflow.kube.names import gang_object_name
 from tideflow.kube.settings import KubeSettings
 from tideflow.kube.volcano import RESTARTS_USED, GangShape, gang_volcano_job
+from tideflow.steps.context import gang_selector
 
 VOLCANO_PHASES = {
     "Pending": GangState.PENDING,
@@ -296,7 +297,7 @@ class KubernetesBackend:
         from kubernetes import client
 
         pods = self.core.list_namespaced_pod(
-            self.settings.namespace, label_selector=f"tideflow.io/gang={dns_label(gang_id)}"
+            self.settings.namespace, label_selector=gang_selector(gang_id)
         ).items
         for pod in pods:
             body = client.V1Eviction(

@@ -6,6 +6,7 @@ import os
 import socket
 
 from tideflow.backends.protocol import GangJob, WorkerSlot
+from tideflow.steps.context import GANG_ID_ENV, OUTPUTS_ENV
 
 _VISIBLE_DEVICES = {"gpu": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 
@@ -43,14 +44,12 @@ def worker_env(job: GangJob, slot: WorkerSlot, port: int, restarts: int) -> dict
         "TORCHELASTIC_RESTART_COUNT": str(restarts),
         "TORCHELASTIC_MAX_RESTARTS": str(job.max_restarts),
         "TORCHELASTIC_RUN_ID": job.gang_id,
-        "TIDEFLOW_GANG_ID": job.gang_id,
+        GANG_ID_ENV: job.gang_id,
         "TIDEFLOW_DEVICE_CLASS": job.device_class,
         "TIDEFLOW_RESTART_COUNT": str(restarts),
         "TIDEFLOW_EMULATED": "1" if job.emulated else "0",
         "PYTHONUNBUFFERED": "1",
     }
-    from tideflow.steps.context import OUTPUTS_ENV
-
     if OUTPUTS_ENV in job.env:  # the step's outputs file: one per rank
         env[OUTPUTS_ENV] = job.env[OUTPUTS_ENV].replace("{rank}", str(slot.rank))
     variable = _VISIBLE_DEVICES.get(job.device_class)

@@ -13,7 +13,7 @@ from typing import Any
 
 from tideflow.broker.kube_pools import NodePools
 from tideflow.broker.volcano_stops import VolcanoStops
-from tideflow.kube.volcano import GANG_LABEL
+from tideflow.steps.context import GANG_LABEL
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 
 from tideflow.broker.journal import PreemptionCount
 from tideflow.broker.kube_target import KUEUE_PREEMPTED, ClusterTarget
-from tideflow.kube.volcano import GANG_LABEL
+from tideflow.steps.context import GANG_LABEL
 
 log = logging.getLogger("tideflow.broker.kubernetes")
 

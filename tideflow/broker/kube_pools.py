@@ -14,7 +14,7 @@ from tideflow.broker.kube_target import TAINT_KEY, ClusterTarget
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
 from tideflow.compile.cluster_names import POOL_LABEL
 from tideflow.kube.client import MERGE
-from tideflow.kube.volcano import GANG_LABEL
+from tideflow.steps.context import GANG_LABEL
 
 
 def checkpoint_store(pods: list[Any]) -> str | None:

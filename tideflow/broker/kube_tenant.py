@@ -33,9 +33,9 @@ from tideflow.checkpoint.recency import work_at_risk_since
 from tideflow.compile.cluster_names import POOL_LABEL
 from tideflow.inventory import ClusterSpec
 from tideflow.kube.names import dns_label
-from tideflow.kube.volcano import GANG_LABEL, TEAM_LABEL
 from tideflow.scheduling.model import DeviceClass
 from tideflow.scheduling.quota import Eviction, Key, Teams
+from tideflow.steps.context import GANG_LABEL, TEAM_LABEL
 
 
 def pool_model(spec: ClusterSpec, device_class: DeviceClass) -> str | None:

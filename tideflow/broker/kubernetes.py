@@ -50,8 +50,8 @@ from tideflow.checkpoint.recency import work_at_risk_since
 from tideflow.compile.cluster_names import POOL_LABEL
 from tideflow.inventory import load_cluster
 from tideflow.kube.client import MERGE
-from tideflow.kube.volcano import GANG_LABEL
 from tideflow.scheduling.quota import Teams
+from tideflow.steps.context import GANG_LABEL
 
 __all__ = [
     "DEVICE_CLASSES",

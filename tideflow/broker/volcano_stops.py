@@ -15,7 +15,7 @@ from typing import Any
 from tideflow.broker.journal import PreemptionCount
 from tideflow.kube import volcano_lineage
 from tideflow.kube.client import MERGE
-from tideflow.kube.volcano import GANG_LABEL
+from tideflow.steps.context import GANG_LABEL
 
 log = logging.getLogger(__name__)
 JOBS = ("batch.volcano.sh", "v1alpha1")

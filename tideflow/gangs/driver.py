@@ -138,14 +138,9 @@ def _cluster_job(
     from tideflow.steps.context import StepContext
 
     return gang.cluster_job(
-        {
-            # No operator makes this step's MLflow run: rank 0 finds or makes it
-            # under the workflow's pipeline run (tideflow.runtime.metrics).
-            "TIDEFLOW_PIPELINE": args.pipeline,
-            "TIDEFLOW_TEAM": args.team,
-            "TIDEFLOW_RUN_ID": args.run_id,
-            "TIDEFLOW_STEP": args.step,
-        },
+        # No operator makes this step's MLflow run: rank 0 finds or makes it
+        # under the workflow's pipeline run (tideflow.runtime.metrics).
+        gang.run.env(gang.team),
         # The step's context files in the pods, as a data-prep step gets them.
         context=StepContext(
             pipeline=args.pipeline,

@@ -19,13 +19,12 @@ from tideflow.backends.protocol import GangJob, WorkerSlot
 from tideflow.compile.gang_plan import CheckpointPlan, GangStepPlan, JsonObject
 from tideflow.config import HANG_TIMEOUT_ENV
 from tideflow.inventory import Inventory
-from tideflow.kube.names import dns_label
 from tideflow.scheduling import GangRequest
 from tideflow.scheduling.model import DeviceClass
 from tideflow.scheduling.quota import Teams
 from tideflow.steps.code import with_code_path
 from tideflow.steps.commands import args_argv
-from tideflow.steps.context import StepContext, StepRun
+from tideflow.steps.context import GANG_ID_ENV, StepContext, StepRun
 from tideflow.storage.roots import check_root, gang_store
 
 
@@ -66,6 +65,11 @@ class ResolvedGang:
     memory: str | None = None
     code_path: str | None = None  # the pipeline's modules on this machine (PYTHONPATH)
     image_code_path: str | None = None  # the same directory inside the image
+
+    @property
+    def run(self) -> StepRun:
+        """The step run this gang is (its id is ``run.gang_id``)."""
+        return StepRun(self.pipeline, self.run_id, self.step)
 
     @property
     def command(self) -> tuple[str, ...] | None:
@@ -130,11 +134,7 @@ class ResolvedGang:
             model=self.model,
             priority=self.priority,
             priority_class=self.priority_class,
-            labels={
-                "tideflow.io/pipeline": dns_label(self.pipeline),
-                "tideflow.io/step": dns_label(self.step),
-                "tideflow.io/run": dns_label(self.run_id),
-            },
+            labels=self.run.labels(),
             image=self.image,
             cpu=self.cpu,
             memory=self.memory,
@@ -163,7 +163,7 @@ def _workers_env(plan: GangStepPlan, store: str, gang_id: str) -> dict[str, str]
     env = {
         **{str(k): str(v) for k, v in sorted(plan.env.items())},
         **plan.checkpoint.env(store),
-        "TIDEFLOW_GANG_ID": gang_id,
+        GANG_ID_ENV: gang_id,
     }
     if plan.hang_timeout is not None:
         env[HANG_TIMEOUT_ENV] = str(int(plan.hang_timeout))

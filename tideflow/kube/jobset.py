@@ -39,7 +39,7 @@ from tideflow.kube.torchrun import JOBSET
 from tideflow.kube.volcano import (
     EXIT_UNHEALTHY,
     GangShape,
-    gang_labels,
+    gang_object_labels,
     gang_pod_spec,
     step_file_annotations,
 )
@@ -139,7 +139,7 @@ def _jobset_failure_policy(max_restarts: int) -> dict[str, Any]:
 def gang_jobset(shape: GangShape, gang_id: str, settings: KubeSettings) -> dict[str, Any]:
     """The JobSet for a gang of ``shape.workers`` pods, admitted whole by Kueue."""
     name = shape.name
-    labels = gang_labels(shape, gang_id)
+    labels = gang_object_labels(shape, gang_id)
     job_spec = _job_spec(shape, _pod_template(shape, gang_id, settings, labels))
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",

@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
+from tideflow.storage.keys import dns_label
 
-
-def dns_label(*parts: str, limit: int = 63) -> str:
-    """A DNS-1123 label: lowercase alphanumerics and '-', at most ``limit`` characters.
-
-    Long or lossy names keep a short hash of the original, so two different
-    inputs never collapse into one name.
-    """
-    raw = "-".join(parts)
-    name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
-    name = re.sub(r"-{2,}", "-", name)
-    if name != raw or len(name) > limit:
-        digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
-        name = f"{name[: limit - 9].rstrip('-')}-{digest}"
-    return name or hashlib.sha256(raw.encode()).hexdigest()[:8]
+__all__ = ["dns_label", "gang_name_limit", "gang_object_name"]
 
 
 # A gang has at most 4096 workers (the spec's bound), so its largest index has 4 digits.

@@ -46,13 +46,9 @@ from tideflow.kube.pods import (
 )
 from tideflow.kube.settings import KubeSettings
 from tideflow.kube.torchrun import VOLCANO, WorkerIndex, torchrun_env
-from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV
+from tideflow.steps.context import CONTEXT_ENV, OUTPUTS_ENV, gang_labels
 from tideflow.steps.entrypoints import ARGS_ENV
 
-# Every gang object and its pods carry their gang and team: the broker finds a gang's
-# pods by the first and reads whose quota it runs on from the second
-# (tideflow.broker.kubernetes).
-GANG_LABEL, TEAM_LABEL = "tideflow.io/gang", "tideflow.io/team"
 EXIT_PREEMPTED, EXIT_UNHEALTHY = 75, 76
 # A worker killed by SIGTERM's default action (128 + 15): the pod was deleted or evicted
 # and its code had no handler; it is stopped from outside, not failing.
@@ -118,13 +114,10 @@ def _step_files(shape: GangShape) -> tuple[list[dict[str, str]], dict[str, Any] 
     return env, {"name": STEP_FILES_VOLUME, "downwardAPI": {"items": items}}
 
 
-def gang_labels(shape: GangShape, gang_id: str) -> dict[str, str]:
-    """Labels on the gang object and its pods; the broker finds a gang's pods by ``gang``."""
-    return {
-        **shape.labels,
-        GANG_LABEL: dns_label(gang_id),
-        TEAM_LABEL: dns_label(shape.team),
-    }
+def gang_object_labels(shape: GangShape, gang_id: str) -> dict[str, str]:
+    """Labels on the gang object and its pods: the job's (its step run's), then its gang
+    and team (``tideflow.steps.context.gang_labels``), which the broker reads."""
+    return {**shape.labels, **gang_labels(gang_id, shape.team)}
 
 
 def _worker_resources(shape: GangShape) -> dict[str, dict[str, str]]:
@@ -270,7 +263,7 @@ def gang_volcano_job(
     preempted one); the Job allows only the rest.
     """
     name = shape.name
-    labels = gang_labels(shape, gang_id)
+    labels = gang_object_labels(shape, gang_id)
     pod_spec = gang_pod_spec(
         shape, settings, master_addr=f"{name}-worker-0.{name}", index=VOLCANO, run_id=gang_id
     )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tideflow import settings_registry as registry
+from tideflow.settings_registry.declared_worker import STEP_RUN_ENV
 
 log = logging.getLogger("tideflow.runtime")
 
@@ -54,12 +55,9 @@ def _deliver(run_id: str, records: list[dict[str, Any]]) -> None:
         )
 
 
-RUN_IDENTITY_ENV = ("TIDEFLOW_PIPELINE", "TIDEFLOW_TEAM", "TIDEFLOW_RUN_ID", "TIDEFLOW_STEP")
-
-
 def _own_step_run() -> str | None:
     """The gang step's run, found by its tags or created, when the gang names its run."""
-    pipeline, team, run_id, step = (registry.optional_text(name) for name in RUN_IDENTITY_ENV)
+    pipeline, team, run_id, step = (registry.optional_text(name) for name in STEP_RUN_ENV)
     if not (pipeline and team and run_id and step):
         return None
     from tideflow.tracking import ensure_workflow_runs

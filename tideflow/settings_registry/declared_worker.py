@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from tideflow.settings_registry.model import Kind, Setting
 
+# A step run in its gang workers' environment, in this order: pipeline, team, run, step
+# (written by tideflow.steps.context.StepRun.env, read by tideflow.runtime.metrics).
+STEP_RUN_ENV = ("TIDEFLOW_PIPELINE", "TIDEFLOW_TEAM", "TIDEFLOW_RUN_ID", "TIDEFLOW_STEP")
+
 
 def _worker(name: str, kind: Kind, help_: str, accepted: str, **kw: object) -> Setting:
     kw.setdefault("default_note", "set for each worker by its backend")

@@ -1,7 +1,13 @@
-"""Object keys are validated before any IO: a key may never leave its prefix."""
+"""Object keys are validated before any IO: a key may never leave its prefix.
+
+Free-form ids (DAG run ids, step names) are made safe here too: as a key segment
+(``safe_segment``, ``unique_segment``) and as a Kubernetes name or label value
+(``dns_label``).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from urllib.parse import unquote
 
@@ -59,7 +65,23 @@ def unique_segment(text: str, digest_chars: int = 10) -> str:
     ``safe_segment`` is lossy ("a/b" and "a_b" give the same); a short hash of the
     original keeps them apart.
     """
-    import hashlib
-
     digest = hashlib.sha256(text.encode()).hexdigest()[:digest_chars]
     return f"{safe_segment(text)[:80]}-{digest}"
+
+
+def dns_label(*parts: str, limit: int = 63) -> str:
+    """A DNS-1123 label: lowercase alphanumerics and '-', at most ``limit`` characters.
+
+    Long or lossy names keep a short hash of the original, so two different
+    inputs never collapse into one name. It starts and ends with an alphanumeric, as
+    a label value and an object name must: an id with no letter or digit ("__", a
+    possible Airflow run id) is its hash alone.
+    """
+    raw = "-".join(parts)
+    name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
+    name = re.sub(r"-{2,}", "-", name)
+    if name == raw and len(name) <= limit:
+        return name or hashlib.sha256(raw.encode()).hexdigest()[:8]
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+    stem = name[: limit - 9].rstrip("-")
+    return f"{stem}-{digest}" if stem else digest

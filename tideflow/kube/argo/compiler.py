@@ -21,11 +21,11 @@ from tideflow.kube.argo.parameters import workflow_params
 from tideflow.kube.argo.plan import StepTemplate, WorkflowPlan
 from tideflow.kube.argo.promotion_step import promotion_step
 from tideflow.kube.argo.schedule import argo_schedule
-from tideflow.kube.names import dns_label
 from tideflow.kube.settings import KubeSettings
 from tideflow.spec.errors import SpecError
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.yamlpos import Positions
+from tideflow.steps.context import pipeline_labels
 
 StepBuilder = Callable[[CompileContext, int, TaskPlan], StepTemplate | None]
 
@@ -69,10 +69,7 @@ def compile_workflow(
     return WorkflowPlan(
         name=plan.dag_id,
         namespace=settings.namespace,
-        labels={
-            "tideflow.io/pipeline": dns_label(plan.dag_id),
-            "tideflow.io/team": dns_label(plan.team),
-        },
+        labels=pipeline_labels(plan.dag_id, plan.team),
         annotations=annotations,
         entrypoint=entrypoint,
         params=workflow_params(spec, plan),

@@ -9,12 +9,12 @@ from __future__ import annotations
 from tideflow.compile.dag_plan import DagPlan, TaskPlan, compile_dag_plan
 from tideflow.inventory import Inventory
 from tideflow.kube.argo.parameters import ARGO_NAME
-from tideflow.kube.names import dns_label
 from tideflow.kube.settings import KubeSettings
 from tideflow.spec.errors import SpecIssue
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.yamlpos import Path, Positions, format_path
 from tideflow.steps.code import with_code_path
+from tideflow.steps.context import pipeline_labels
 from tideflow.steps.standalone import EVALUATION_OUTPUTS, GANG_OUTPUTS, PROMOTION_OUTPUTS
 
 
@@ -72,8 +72,4 @@ class CompileContext:
         return next(i for i, t in enumerate(self.plan.tasks) if t.task_id == name)
 
     def labels(self, task: TaskPlan) -> dict[str, str]:
-        return {
-            "tideflow.io/pipeline": dns_label(self.plan.dag_id),
-            "tideflow.io/step": dns_label(task.task_id),
-            "tideflow.io/team": dns_label(self.plan.team),
-        }
+        return pipeline_labels(self.plan.dag_id, self.plan.team, step=task.task_id)
