@@ -13,6 +13,9 @@ The same state is also saved through ``tideflow.checkpoints()`` (what a plain
 script calls): its ``save`` adds building the state dicts, the RNG states and
 the agreement between ranks to the copy. Its cost on steps where nothing is
 saved (one all-reduce of three flags between two gloo ranks) is measured too.
+
+``bench/gpu_checkpoint_staging.py`` times the same loops on a GPU state; it
+imports them from here.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,19 +66,45 @@ class _Holder:
         self.state = state
 
 
-def api_stalls(uri: str, state: dict[str, torch.Tensor], saves: int) -> list[float]:
-    """How long each due ``tideflow.checkpoints().save`` holds the training loop."""
+def async_stalls(
+    checkpointer: AsyncCheckpointer,
+    state: dict[str, torch.Tensor],
+    saves: int,
+    settle: Callable[[], None] = lambda: None,
+) -> list[float]:
+    """Each ``AsyncCheckpointer.save`` stall; the write finishes before the next save, as
+    training's steps would give it time. ``settle`` runs, untimed, before each save."""
+    for step in range(saves):
+        settle()
+        checkpointer.save(step, state, rank_state={"rng": torch.get_rng_state()})
+        checkpointer.wait()
+    checkpointer.finalize()
+    return checkpointer.stall_seconds
+
+
+def api_stalls(
+    uri: str,
+    state: dict[str, torch.Tensor],
+    saves: int,
+    prepare: Callable[[AsyncCheckpointer], None] | None = None,
+    settle: Callable[[], None] = lambda: None,
+) -> list[float]:
+    """How long each due ``tideflow.checkpoints().save`` holds the training loop;
+    ``prepare`` adjusts its checkpointer first, ``settle`` runs untimed before each save."""
     import tideflow
 
     os.environ.update({"TIDEFLOW_CHECKPOINT_URI": uri, "TIDEFLOW_KEEP_LAST": "1"})
     ckpt = tideflow.checkpoints(model=_Holder(state), every_steps=1)
+    assert ckpt.checkpointer is not None
+    if prepare is not None:
+        prepare(ckpt.checkpointer)
     stalls = []
     for step in range(1, saves + 1):
+        settle()
         started = time.perf_counter()
         ckpt.save(step, metrics={"loss": 1.0})
         stalls.append(time.perf_counter() - started)
-        assert ckpt.checkpointer is not None
-        ckpt.checkpointer.wait()  # training goes on meanwhile, as in the loop above
+        ckpt.checkpointer.wait()  # training goes on meanwhile, as in async_stalls
     ckpt.finish(saves)
     return stalls
 
@@ -135,12 +165,7 @@ def main() -> int:
             sync_manager.apply_retention()
         async_manager = CheckpointManager(Path(scratch, "async").as_uri(), keep_last=1)
         checkpointer = AsyncCheckpointer(async_manager, info)
-        for step in range(args.repeat + 1):
-            checkpointer.save(step, state, rank_state={"rng": torch.get_rng_state()})
-            # training goes on meanwhile; give the writer time as steps would
-            checkpointer.wait()
-        checkpointer.finalize()
-        stalls = checkpointer.stall_seconds[1:]
+        stalls = async_stalls(checkpointer, state, args.repeat + 1)[1:]
         api = api_stalls(Path(scratch, "api").as_uri(), state, args.repeat + 1)
     sync = statistics.median(sync_times)
     stall = statistics.median(stalls)

@@ -25,9 +25,7 @@ runs every path on a small CPU state instead (no GPU figure comes of it).
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -37,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import async_checkpoint  # bench/, beside this script: the loops it times
 import torch
 
 from tideflow.checkpoint import CheckpointManager
@@ -89,11 +88,7 @@ def synchronize(device: torch.device) -> None:
 
 def sync_save(manager: CheckpointManager, step: int, state: dict[str, torch.Tensor]) -> float:
     synchronize(next(iter(state.values())).device)
-    started = time.perf_counter()
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    manager.save(step, {"model.pt": buffer.getvalue()})
-    elapsed = time.perf_counter() - started
+    elapsed = async_checkpoint.sync_save(manager, step, state)
     manager.apply_retention()
     return elapsed
 
@@ -110,46 +105,16 @@ def async_stalls(
     if pageable:
         use_pageable(checkpointer)
     device = next(iter(state.values())).device
-    for step in range(saves):
-        synchronize(device)  # the steps queued before are not the save's to pay for
-        checkpointer.save(step, state, rank_state={"rng": torch.get_rng_state()})
-        checkpointer.wait()
-    checkpointer.finalize()
-    return checkpointer.stall_seconds
-
-
-class _Holder:
-    """The benchmark's state as a stateful object, as a model is to tideflow.checkpoints()."""
-
-    def __init__(self, state: dict[str, torch.Tensor]) -> None:
-        self.state = state
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.state
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.state = state
+    # the steps queued before a save are not the save's to pay for
+    return async_checkpoint.async_stalls(checkpointer, state, saves, lambda: synchronize(device))
 
 
 def api_stalls(uri: str, state: dict[str, torch.Tensor], saves: int, pageable: bool) -> list[float]:
     """How long each due ``tideflow.checkpoints().save`` holds the training loop."""
-    import tideflow
-
-    os.environ.update({"TIDEFLOW_CHECKPOINT_URI": uri, "TIDEFLOW_KEEP_LAST": "1"})
-    ckpt = tideflow.checkpoints(model=_Holder(state), every_steps=1)
-    assert ckpt.checkpointer is not None
-    if pageable:
-        use_pageable(ckpt.checkpointer)
     device = next(iter(state.values())).device
-    stalls = []
-    for step in range(1, saves + 1):
-        synchronize(device)
-        started = time.perf_counter()
-        ckpt.save(step, metrics={"loss": 1.0})
-        stalls.append(time.perf_counter() - started)
-        ckpt.checkpointer.wait()
-    ckpt.finish(saves)
-    return stalls
+    return async_checkpoint.api_stalls(
+        uri, state, saves, use_pageable if pageable else None, lambda: synchronize(device)
+    )
 
 
 def one_process() -> DistInfo:

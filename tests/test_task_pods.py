@@ -99,6 +99,7 @@ def test_task_pods_are_admitted_as_core_pods_and_survive_dag_serialization(
     from airflow.serialization.serialized_objects import DagSerialization
 
     from tests.kubefake import DEPLOY, KubeFake
+    from tideflow.settings_registry.declared_kubernetes import DEFAULT_IMAGE
 
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(CLUSTER)
@@ -106,7 +107,7 @@ def test_task_pods_are_admitted_as_core_pods_and_survive_dag_serialization(
     with KubeFake() as fake:
         fake.apply(DEPLOY / "priority-classes.yaml")
         for task_id, pod in pods(dag).items():
-            pod["spec"]["containers"][0]["image"] = "registry.example.com/tideflow:0.1.0"
+            pod["spec"]["containers"][0]["image"] = DEFAULT_IMAGE
             pod["metadata"] = {**pod["metadata"], "name": task_id, "namespace": "tideflow"}
             created = fake.create({"apiVersion": "v1", "kind": "Pod", **pod})
             assert created["spec"]["priority"] is not None

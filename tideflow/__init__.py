@@ -16,7 +16,8 @@ An evaluation entry point or a promotion builder reads its checkpoint with
 
 from typing import Any
 
-__version__ = "0.2.0"
+from tideflow.version import __version__ as __version__
+
 __all__ = ["Checkpoints", "ResumableSampler", "TrainedCheckpoint", "checkpoints"]
 
 

@@ -29,26 +29,24 @@ webhook pkg/webhooks/clusterqueue_webhook.go):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from tideflow.compile.cluster_names import NAMESPACE, POOL_LABEL, TRAINING_QUEUE
+from tideflow.compile.engine_warnings import BorrowingWords, borrowing_warnings, budget_warning
 from tideflow.compile.team_queues import (
     BROKER_NOTE,
     Flavor,
     QueueCompileError,
     Share,
     TeamQueuePlan,
-    budget_warning,
     comment_block,
     memory_quantity,
     plan_team_queues,
     priority_class_name,
     render,
-    tenant_grace,
 )
 from tideflow.inventory import ClusterSpec
-from tideflow.spec.teams import BorrowingRule, PriorityClass
+from tideflow.spec.teams import PriorityClass
 
 API = "kueue.x-k8s.io/v1beta2"
 
@@ -223,9 +221,30 @@ def _team_queue(plan: TeamQueuePlan, team: str, namespace: str) -> dict[str, Any
     return _object("ClusterQueue", team, spec)
 
 
+# What Kueue makes of the borrowing rules (tideflow.compile.engine_warnings).
+BORROWING = BorrowingWords(
+    ratios="a Kueue cohort lends any member's idle quota to any other. Folded "
+    "into each borrower's borrowingLimit (the shared pool plus what its lenders may "
+    "lend it) and each lender's lendingLimit (what its rules, summed, let anyone "
+    "borrow; 0 when it lends to no team), so Kueue never lends more than tideflow's "
+    "ledger would; which lender a borrower takes from is Kueue's choice, and a "
+    "lender reclaims from any member over its nominal quota",
+    thresholds="Kueue has no priority floor for borrowing; every workload of a "
+    "ClusterQueue may borrow within its borrowingLimit. tideflow's ledger keeps the "
+    "floor for gangs it places itself",
+    grace="Kueue evicts a preempted workload at once; its pods get their "
+    "terminationGracePeriodSeconds (TIDEFLOW_K8S_GRACE_S, one value for every gang) to "
+    "checkpoint and exit",
+    timeouts="Kueue returns borrowed quota only to the ClusterQueue that reclaims it, "
+    "never after a time. tideflow's ledger applies the timeout to gangs it "
+    "places itself; on Kueue a borrowing gang keeps its devices until it ends "
+    "or is reclaimed",
+)
+
+
 def _warnings(plan: TeamQueuePlan) -> list[str]:
     """What Kueue's objects cannot express of the cluster file, said once each."""
-    found = _borrowing_warnings(plan.spec.borrowing)
+    found = borrowing_warnings(plan.spec.borrowing, BORROWING)
     found += _class_warnings(plan)
     found += _scheduling_warnings(plan)
     for flavor in plan.broker_flavors:
@@ -240,48 +259,6 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
         found.append(
             "memory: the nodes declare none, so flavor cpu covers cpu only and Kueue admits "
             "no gang that requests memory; declare each node group's memory"
-        )
-    return found
-
-
-def _borrowing_warnings(rules: Sequence[BorrowingRule]) -> list[str]:
-    if not rules:
-        return []
-    pairs = ", ".join(f"{r.lender}->{r.borrower} {r.max_borrowable_ratio:g}" for r in rules)
-    found = [
-        "borrowing rules per lender and borrower (max_borrowable_ratio: "
-        f"{pairs}): a Kueue cohort lends any member's idle quota to any other. Folded "
-        "into each borrower's borrowingLimit (the shared pool plus what its lenders may "
-        "lend it) and each lender's lendingLimit (what its rules, summed, let anyone "
-        "borrow; 0 when it lends to no team), so Kueue never lends more than tideflow's "
-        "ledger would; which lender a borrower takes from is Kueue's choice, and a "
-        "lender reclaims from any member over its nominal quota"
-    ]
-    thresholds = [r for r in rules if r.min_priority_class is not None]
-    if thresholds:
-        found.append(
-            "min_priority_class ("
-            + ", ".join(f"{r.lender}->{r.borrower}: {r.min_priority_class}" for r in thresholds)
-            + "): Kueue has no priority floor for borrowing; every workload of a "
-            "ClusterQueue may borrow within its borrowingLimit. tideflow's ledger keeps the "
-            "floor for gangs it places itself"
-        )
-    graces = sorted({r.grace for r in rules})
-    found.append(
-        f"grace per borrowing rule ({', '.join(f'{g}s' for g in graces)}): Kueue evicts a "
-        "preempted workload at once; its pods get their terminationGracePeriodSeconds "
-        "(TIDEFLOW_K8S_GRACE_S, one value for every gang) to checkpoint and exit"
-        + tenant_grace(r.lender for r in rules)
-    )
-    timeouts = [r for r in rules if r.auto_return_timeout is not None]
-    if timeouts:
-        found.append(
-            "auto_return_timeout ("
-            + ", ".join(f"{r.lender}->{r.borrower}: {r.auto_return_timeout}s" for r in timeouts)
-            + "): Kueue returns borrowed quota only to the ClusterQueue that reclaims it, "
-            "never after a time. tideflow's ledger applies the timeout to gangs it "
-            "places itself; on Kueue a borrowing gang keeps its devices until it ends "
-            "or is reclaimed"
         )
     return found
 

@@ -343,33 +343,6 @@ BROKER_NOTE = (
 )
 
 
-def tenant_grace(lenders: Iterable[str]) -> str:
-    """What the grace warning adds when team ``inference`` lends: the broker, its tenant,
-    reclaims with each rule's grace (``tideflow.broker.tenant``)."""
-    if "inference" not in set(lenders):
-        return ""
-    return (
-        "; the broker, as team inference's tenant (TIDEFLOW_CLUSTER_FILE), evicts what "
-        "inference lent with its rule's grace (deleteOptions.gracePeriodSeconds)"
-    )
-
-
-def budget_warning(spec: ClusterSpec, engine: str) -> str | None:
-    """Budgets are device-hours, which no engine's quota is: say so, naming them."""
-    budgets = [
-        f"{t.name} {q.label()} {q.budget_device_hours:g}"
-        for t in spec.teams
-        for q in t.quota
-        if q.budget_device_hours is not None
-    ]
-    if not budgets:
-        return None
-    return (
-        f"budget_device_hours ({', '.join(budgets)}): no {engine} quota is in device-hours; "
-        "tideflow shows use against the budget and enforces nothing, as it does locally"
-    )
-
-
 def comment_block(title: str, warnings: list[str], about: str = "") -> str:
     """The warnings as YAML comments above the documents, one rule a paragraph."""
     import textwrap

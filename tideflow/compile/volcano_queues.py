@@ -26,23 +26,21 @@ pkg/webhooks/admission/queues/validate/validate_queue.go):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from tideflow.compile.cluster_names import BROKER_POOL, TRAINING_QUEUE
+from tideflow.compile.engine_warnings import BorrowingWords, borrowing_warnings, budget_warning
 from tideflow.compile.team_queues import (
     BROKER_NOTE,
     QueueCompileError,
     TeamQueuePlan,
-    budget_warning,
     comment_block,
     plan_team_queues,
     priority_class_name,
     render,
-    tenant_grace,
 )
 from tideflow.inventory import ClusterSpec
-from tideflow.spec.teams import BorrowingRule, PriorityClass
+from tideflow.spec.teams import PriorityClass
 
 API = "scheduling.volcano.sh/v1beta1"
 
@@ -199,10 +197,28 @@ def _parent_queue(
     }
 
 
+# What Volcano makes of the borrowing rules (tideflow.compile.engine_warnings).
+BORROWING = BorrowingWords(
+    ratios="Volcano's capacity plugin lets any queue use any other's idle deserved, up to "
+    "its capability. Folded into each borrower's capability (nominal plus the shared "
+    "pool plus what its lenders may lend it) and each lender's guarantee (the part "
+    "its rules let no one borrow), so Volcano never lends more than tideflow's "
+    "ledger would; whom a borrower takes from is Volcano's choice",
+    thresholds="a Volcano queue has no priority floor for using others' idle resources; "
+    "every job of the queue may, within its capability. tideflow's ledger keeps "
+    "the floor for gangs it places itself",
+    grace="Volcano's reclaim evicts the borrower's pods, which get their "
+    "terminationGracePeriodSeconds (TIDEFLOW_K8S_GRACE_S, one value for every gang) to "
+    "checkpoint and exit",
+    timeouts="Volcano reclaims for queues below their deserved share, never after a "
+    "time. tideflow's ledger applies the timeout to gangs it places itself",
+)
+
+
 def _warnings(plan: TeamQueuePlan) -> list[str]:
     """What Volcano's queues cannot express of the cluster file, said once each."""
     spec = plan.spec
-    found = _borrowing_warnings(spec.borrowing)
+    found = borrowing_warnings(spec.borrowing, BORROWING)
     found += _class_warnings(spec)
     found += _model_warnings(plan)
     found += _scheduling_warnings(spec)
@@ -214,45 +230,6 @@ def _warnings(plan: TeamQueuePlan) -> list[str]:
                 "reserves none of it (no guarantee) and the borrowing rules bound nothing "
                 "there; each team may use its deserved plus its borrowing_limit of it"
             )
-    return found
-
-
-def _borrowing_warnings(rules: Sequence[BorrowingRule]) -> list[str]:
-    if not rules:
-        return []
-    pairs = ", ".join(f"{r.lender}->{r.borrower} {r.max_borrowable_ratio:g}" for r in rules)
-    found = [
-        f"borrowing rules per lender and borrower (max_borrowable_ratio: {pairs}): "
-        "Volcano's capacity plugin lets any queue use any other's idle deserved, up to "
-        "its capability. Folded into each borrower's capability (nominal plus the shared "
-        "pool plus what its lenders may lend it) and each lender's guarantee (the part "
-        "its rules let no one borrow), so Volcano never lends more than tideflow's "
-        "ledger would; whom a borrower takes from is Volcano's choice"
-    ]
-    thresholds = [r for r in rules if r.min_priority_class is not None]
-    if thresholds:
-        found.append(
-            "min_priority_class ("
-            + ", ".join(f"{r.lender}->{r.borrower}: {r.min_priority_class}" for r in thresholds)
-            + "): a Volcano queue has no priority floor for using others' idle resources; "
-            "every job of the queue may, within its capability. tideflow's ledger keeps "
-            "the floor for gangs it places itself"
-        )
-    graces = sorted({r.grace for r in rules})
-    found.append(
-        f"grace per borrowing rule ({', '.join(f'{g}s' for g in graces)}): Volcano's "
-        "reclaim evicts the borrower's pods, which get their "
-        "terminationGracePeriodSeconds (TIDEFLOW_K8S_GRACE_S, one value for every "
-        "gang) to checkpoint and exit" + tenant_grace(r.lender for r in rules)
-    )
-    timeouts = [r for r in rules if r.auto_return_timeout is not None]
-    if timeouts:
-        found.append(
-            "auto_return_timeout ("
-            + ", ".join(f"{r.lender}->{r.borrower}: {r.auto_return_timeout}s" for r in timeouts)
-            + "): Volcano reclaims for queues below their deserved share, never after a "
-            "time. tideflow's ledger applies the timeout to gangs it places itself"
-        )
     return found
 
 

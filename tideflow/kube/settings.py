@@ -17,12 +17,13 @@ from tideflow import settings_registry as registry
 from tideflow.compile.cluster_names import NAMESPACE
 from tideflow.compile.gpu_products import GPU_PRODUCTS, gpu_products
 from tideflow.config import ConfigError
+from tideflow.settings_registry.declared_kubernetes import DEFAULT_IMAGE
 
 
 @dataclass(frozen=True)
 class KubeSettings:
     namespace: str = NAMESPACE
-    image: str = "registry.example.com/tideflow:0.1.0"
+    image: str = DEFAULT_IMAGE
     store_secret: str = "tideflow-store"  # S3 credentials (or use IRSA: leave it empty)
     mlflow_tracking_uri: str = "http://mlflow.tideflow:5000"
     artifact_root: str = "s3://tideflow/artifacts"

@@ -35,7 +35,7 @@ from typing import Any
 
 from tideflow.promotion import registry
 from tideflow.promotion.claim import RegistrationClaim
-from tideflow.promotion.gate import GateConfigError, check_gate, decide
+from tideflow.promotion.gate import GateConfigError, PromotionVerdict, check_gate, decide
 from tideflow.storage import open_store
 
 CLAIM_POLL_S = 0.5
@@ -91,6 +91,43 @@ def whoami() -> str:
 def promote(
     mlflow: Any, request: PromotionRequest, build: Build, log: Callable[[str], None]
 ) -> PromotionResult:
+    _check_request(request)
+    registry.ensure_registered_model(mlflow, request.model)
+    existing = registry.version_for_run(mlflow, request.model, request.run_id)
+    if _promoted(existing):
+        return _repeated(request, existing, log)
+    current = registry.champion(mlflow, request.model, request.alias)
+    decision = decide(request.metrics, request.gate, current[1] if current else None)
+    record = _audit_record(request, decision, current)
+    if not decision.promote:
+        return _rejected(mlflow, request, decision, record, log)
+    claim = RegistrationClaim(open_store(request.artifact_root), request.model, request.run_id)
+    done = _hold_claim(mlflow, claim, request, log)
+    if done is not None:  # a concurrent attempt of this run promoted while we waited
+        return _repeated(request, done, log)
+    version, previous = _register_and_move_alias(mlflow, request, build, claim, record)
+    log(
+        f"tideflow: promoted {request.model} version {version.version} to @{request.alias} "
+        f"({decision.summary})"
+    )
+    outputs: dict[str, Any] = {
+        "decision": "promoted",
+        "version": str(version.version),
+        "alias": request.alias,
+        "previous": previous,
+        "reason": decision.summary,
+        "metrics": request.metrics,
+        "model_uri": f"models:/{request.model}@{request.alias}",
+    }
+    tags = _run_tags(
+        "promoted", decision, request, {"tideflow.model_version": str(version.version)}
+    )
+    return PromotionResult(outputs, tags)
+
+
+def _check_request(request: PromotionRequest) -> None:
+    """Refuse, before anything is read or written, a gate on a metric the evaluation did
+    not produce (final) and a training step that reported no checkpoint."""
     try:
         check_gate(request.metrics, request.gate)
     except GateConfigError as exc:
@@ -99,13 +136,15 @@ def promote(
         ) from exc
     if not request.trained.get("checkpoint"):
         raise PromotionError("tideflow: the training step reported no checkpoint")
-    registry.ensure_registered_model(mlflow, request.model)
-    existing = registry.version_for_run(mlflow, request.model, request.run_id)
-    if _promoted(existing):
-        return _repeated(request, existing, log)
-    current = registry.champion(mlflow, request.model, request.alias)
-    decision = decide(request.metrics, request.gate, current[1] if current else None)
-    record: dict[str, Any] = {
+
+
+def _audit_record(
+    request: PromotionRequest,
+    decision: PromotionVerdict,
+    current: tuple[Any, dict[str, float]] | None,
+) -> dict[str, Any]:
+    """The decision's audit record; ``what`` is filled in once it is known."""
+    return {
         "who": request.who,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "what": "",
@@ -115,25 +154,47 @@ def promote(
         "metrics": request.metrics,
         "champion": None if current is None else str(current[0].version),
     }
-    if not decision.promote:
-        log(f"tideflow: not promoted: {decision.summary}")
-        registry.audit(mlflow, request.model, {**record, "what": "rejected"})
-        tags = {
-            "tideflow.decision": "rejected",
-            "tideflow.reason": decision.summary,
-            "tideflow.compared": json.dumps(decision.compared, default=str)[:4900],
-            **checkpoint_tags(request),
-        }
-        outputs: dict[str, Any] = {
-            "decision": "rejected",
-            "reason": decision.summary,
-            "metrics": request.metrics,
-        }
-        return PromotionResult(outputs, tags)
-    claim = RegistrationClaim(open_store(request.artifact_root), request.model, request.run_id)
-    done = _hold_claim(mlflow, claim, request, log)
-    if done is not None:  # a concurrent attempt of this run promoted while we waited
-        return _repeated(request, done, log)
+
+
+def _run_tags(
+    outcome: str, decision: PromotionVerdict, request: PromotionRequest, extra: dict[str, str]
+) -> dict[str, str]:
+    """Tags for the step's MLflow run: the outcome, why, and the challenger's checkpoint."""
+    return {
+        "tideflow.decision": outcome,
+        "tideflow.reason": decision.summary,
+        "tideflow.compared": json.dumps(decision.compared, default=str)[:4900],
+        **extra,
+        **checkpoint_tags(request),
+    }
+
+
+def _rejected(
+    mlflow: Any,
+    request: PromotionRequest,
+    decision: PromotionVerdict,
+    record: dict[str, Any],
+    log: Callable[[str], None],
+) -> PromotionResult:
+    log(f"tideflow: not promoted: {decision.summary}")
+    registry.audit(mlflow, request.model, {**record, "what": "rejected"})
+    outputs: dict[str, Any] = {
+        "decision": "rejected",
+        "reason": decision.summary,
+        "metrics": request.metrics,
+    }
+    return PromotionResult(outputs, _run_tags("rejected", decision, request, {}))
+
+
+def _register_and_move_alias(
+    mlflow: Any,
+    request: PromotionRequest,
+    build: Build,
+    claim: RegistrationClaim,
+    record: dict[str, Any],
+) -> tuple[Any, str | None]:
+    """Under the held claim: the run's version (registered once), the alias moved to it,
+    the checkpoint kept, the audit written; the version and the alias's previous holder."""
     try:
         # a holder before us may have registered and died before moving the alias
         version = registry.version_for_run(mlflow, request.model, request.run_id)
@@ -153,27 +214,7 @@ def promote(
     except BaseException:
         claim.release()  # a retry or a waiting attempt takes over now, not after the TTL
         raise
-    log(
-        f"tideflow: promoted {request.model} version {version.version} to @{request.alias} "
-        f"({decision.summary})"
-    )
-    outputs = {
-        "decision": "promoted",
-        "version": str(version.version),
-        "alias": request.alias,
-        "previous": previous,
-        "reason": decision.summary,
-        "metrics": request.metrics,
-        "model_uri": f"models:/{request.model}@{request.alias}",
-    }
-    tags = {
-        "tideflow.decision": "promoted",
-        "tideflow.reason": decision.summary,
-        "tideflow.compared": json.dumps(decision.compared, default=str)[:4900],
-        "tideflow.model_version": str(version.version),
-        **checkpoint_tags(request),
-    }
-    return PromotionResult(outputs, tags)
+    return version, previous
 
 
 def checkpoint_tags(request: PromotionRequest) -> dict[str, str]:

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tideflow.settings_registry.model import Setting
+from tideflow.version import __version__
+
+# The image a release publishes, tagged with the package version (deploy/ names it too;
+# tests/test_image_tag.py keeps them equal).
+DEFAULT_IMAGE = f"registry.example.com/tideflow:{__version__}"
 
 QUEUE_KINDS = ("volcano", "kueue")
 SERVICE_ACCOUNT = (
@@ -44,7 +49,7 @@ _DECLARED = (
         ("operator", "cli"),
         "The image gang workers run, unless a pipeline names its own.",
         "an image reference",
-        default="registry.example.com/tideflow:0.1.0",
+        default=DEFAULT_IMAGE,
         nonblank=True,
     ),
     Setting(
