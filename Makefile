@@ -1,6 +1,10 @@
 # tideflow developer commands. `make help` lists them.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Test workers (pytest-xdist): tests/tiers.py keeps the cluster tier on one worker and
+# each module that starts servers on one. TEST_JOBS=0 runs in this process.
+TEST_JOBS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup
 .DEFAULT_GOAL := help
 
 .PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast test-processes test-servers test-research test-torch-low lint fmt schema constraints bench docs clean
@@ -36,19 +40,19 @@ cluster-pin: bootstrap ## Rewrite deploy/cluster/modules from deploy/cluster/ver
 	$(PY) -m tideflow.stack.cluster.pin
 
 test: bootstrap ## Run every test, every tier (tests/tiers.py: unit, processes, servers, browser, cluster, research)
-	$(PY) -m pytest
+	$(PYTEST)
 
 test-fast: bootstrap ## Run the `unit` tier: no process, no server (a test that starts one fails)
-	$(PY) -m pytest -m unit
+	$(PYTEST) -m unit
 
 test-processes: bootstrap ## Run the `processes` tier: tests that spawn workers, supervisors, CLIs
-	$(PY) -m pytest -m "processes and not servers and not browser and not cluster"
+	$(PYTEST) -m "processes and not servers and not browser and not cluster"
 
 test-servers: bootstrap ## Run the `servers` tier: tests that start S3, MLflow, Airflow
-	$(PY) -m pytest -m servers
+	$(PYTEST) -m servers
 
 test-research: bootstrap ## Run the `research` tier: the tests of research/
-	$(PY) -m pytest -m research
+	$(PYTEST) -m research
 
 test-torch-low: bootstrap ## Run the runtime tests with the lowest torch the platform extra accepts (2.11; a second venv)
 	deploy/local/torch-range.sh

@@ -13,15 +13,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip(
-    "transformers", reason="the HF integration needs transformers: pip install -e '.[hf]'"
-)
-pytest.importorskip("accelerate", reason="HF Trainer needs accelerate: pip install -e '.[hf]'")
 
 from tests.framework_gangs import (
     gang,
@@ -37,7 +33,18 @@ from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.checkpoint import CheckpointManager
 
-pytestmark = pytest.mark.processes
+# Found, not imported: importing them takes seconds, and the tests run them in workers.
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.skipif(
+        find_spec("transformers") is None,
+        reason="the HF integration needs transformers: pip install -e '.[hf]'",
+    ),
+    pytest.mark.skipif(
+        find_spec("accelerate") is None,
+        reason="HF Trainer needs accelerate: pip install -e '.[hf]'",
+    ),
+]
 
 SCRIPT = Path(__file__).parent / "user_code" / "hf_trainer_train.py"
 STEPS = 48  # 3 epochs x 256 samples / (8 per device x 2 ranks)

@@ -12,14 +12,11 @@ without a checkpoint store (the callback then saves nothing), uninterrupted.
 from __future__ import annotations
 
 import re
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip(
-    "lightning", reason="the Lightning integration needs lightning: pip install -e '.[lightning]'"
-)
 
 from tests.framework_gangs import (
     gang,
@@ -35,7 +32,14 @@ from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.checkpoint import CheckpointManager
 
-pytestmark = pytest.mark.processes
+# Found, not imported: importing Lightning takes seconds, and the tests run it in workers.
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.skipif(
+        find_spec("lightning") is None,
+        reason="the Lightning integration needs lightning: pip install -e '.[lightning]'",
+    ),
+]
 
 SCRIPT = Path(__file__).parent / "user_code" / "lightning_train.py"
 STEPS = 48  # 3 epochs x 512 samples / (16 per device x 2 ranks)

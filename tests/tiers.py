@@ -58,7 +58,22 @@ def tier_of(item: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(tier_of(item))
+        tier = tier_of(item)
+        item.add_marker(tier)
+        group = xdist_group(item, tier)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def xdist_group(item: pytest.Item, tier: str) -> str | None:
+    """Tests that must share one worker under ``pytest -n`` (``--dist loadgroup``): the
+    cluster tier shares one control plane; a module that starts servers keeps them for
+    the module. Every other test goes to whichever worker is free."""
+    if tier == "cluster":
+        return "cluster"
+    if tier in ("servers", "browser"):
+        return item.nodeid.split("::", 1)[0]
+    return None
 
 
 class ProcessInUnitTestError(RuntimeError):

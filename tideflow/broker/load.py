@@ -16,6 +16,7 @@ target), from which the broker learns its per-GPU throughput
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import json
 import math
@@ -134,12 +135,12 @@ class SyntheticLoad:
     day_s: float = 86400.0
 
     def rate_at(self, start_s: float) -> float | None:
-        return self._draw(start_s)[0]
+        return _synthetic_draw(self, start_s)[0]
 
     def burst_at(self, start_s: float) -> bool:
         """Whether the window starting at ``start_s`` carries a burst: what no forecast
         from the past can know, told to the burst-blind bound (``simulate``)."""
-        return self._draw(start_s)[1]
+        return _synthetic_draw(self, start_s)[1]
 
     def _draw(self, start_s: float) -> tuple[float | None, bool]:
         # One generator per window, seeded by (seed, window): any range gives the same values.
@@ -161,6 +162,13 @@ class SyntheticLoad:
         first = math.ceil(start_s / step) * step
         count = max(0, math.ceil((end_s - first) / step))
         return [LoadSample(first + i * step, self.rate_at(first + i * step)) for i in range(count)]
+
+
+# The broker asks again for the same history every step; a window's draw is fixed by
+# (load, start), so it is drawn once. Seeding a generator per window dominated a step.
+@functools.lru_cache(maxsize=1 << 16)
+def _synthetic_draw(load: SyntheticLoad, start_s: float) -> tuple[float | None, bool]:
+    return load._draw(start_s)
 
 
 MAX_STEPS = 11000  # steps Prometheus answers in one range query
