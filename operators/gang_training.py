@@ -4,7 +4,8 @@ Flow of one task try:
   execute  -> a gang with this id already running? reattach (never a second copy)
            -> lease granted at once? start the gang; else defer to LeaseTrigger
   lease_granted  -> start the gang through the backend, defer to GangTrigger
-  gang_finished  -> succeeded: release the lease, return the checkpoint;
+  gang_finished  -> succeeded: release the lease, return the checkpoint
+                    (outputs and the MLflow run's end: gang_results);
                     preempted: release, wait for devices again, resume;
                     failed: release and fail the task with the gang's reason
 A retried task recomputes the same gang id, so it reattaches to a gang that is
@@ -21,19 +22,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from tideflow.operators.base import TideflowOperator, finish_tracking, track_step
+from tideflow.operators.base import TideflowOperator, track_step
+from tideflow.operators.gang_results import ledger_usage_tags, record_gang_run, step_outputs
 from tideflow.operators.triggers import ClusterGangTrigger, GangTrigger, LeaseTrigger, TriggerStatus
 
 if TYPE_CHECKING:
     from tideflow.compile.gang_plan import GangStepPlan
     from tideflow.gangs import ResolvedGang
-    from tideflow.gangs.outputs import GangOutputs
     from tideflow.inventory import Inventory
     from tideflow.operators.triggers import GangEvent, LeaseEvent, ResumeKwargs
 
@@ -318,54 +320,6 @@ class GangTrainingOperator(TideflowOperator):
         run_id = track_step(self, context, "gang_training")
         return {} if run_id is None else {"MLFLOW_RUN_ID": run_id}
 
-    def _record(self, context: Context, status: Any, outputs: GangOutputs) -> None:
-        from tideflow.tracking import tracking_enabled
-
-        run_id = context["ti"].xcom_pull(task_ids=self.task_id, key="mlflow_run_id")
-        if not tracking_enabled() or not run_id:
-            return
-        try:  # metrics the gang could not deliver while MLflow was down
-            from tideflow.runtime.metrics import flush_spool
-
-            delivered = flush_spool(run_id)
-            if delivered:
-                self.log.info("tideflow: delivered %d buffered MLflow record(s)", delivered)
-        except Exception as exc:
-            self.log.warning("tideflow: buffered MLflow records not delivered yet: %s", exc)
-        device_class = self.plan.device_class
-        tags = {"tideflow.gang_state": str(status.state), "tideflow.restarts": str(status.restarts)}
-        if outputs.get("checkpoint"):
-            tags["tideflow.checkpoint"] = str(outputs["checkpoint"])
-            tags["tideflow.checkpoint_checksum"] = str(outputs.get("checkpoint_checksum"))
-        if not self._on_cluster():
-            tags.update(self._usage_tags(context))
-        finish_tracking(
-            self,
-            run_id,
-            succeeded=str(status.state) == "succeeded",
-            tags=tags,
-            metrics={
-                f"{device_class}_hours": status.device_seconds / 3600,
-                "restarts": float(status.restarts),
-            },
-        )
-
-    def _usage_tags(self, context: Context) -> dict[str, str]:
-        """The gang's device-hours from the ledger, on its own quota, borrowed and lost to
-        preemption (every attempt of this step's gang), for the run's cost attribution."""
-        from tideflow.scheduling.accounting import gang_usage
-
-        try:
-            split = gang_usage(self.hook.ledger().usage_spans(0.0), self._gang_id(context))
-        except Exception as exc:  # accounting must never fail a finished gang
-            self.log.warning("tideflow: device-hours not read from the ledger: %s", exc)
-            return {}
-        return {
-            "tideflow.device_hours.own": f"{split.own_hours:.6f}",
-            "tideflow.device_hours.borrowed": f"{split.borrowed_hours:.6f}",
-            "tideflow.device_hours.lost": f"{split.lost_hours:.6f}",
-        }
-
     def _command(self, gang: Any, ctx: Any, scratch: Path) -> tuple[list[str], dict[str, str]]:
         """The workers' command line and their step-context files (``local_command``)."""
         from tideflow.gangs import local_command
@@ -407,8 +361,15 @@ class GangTrainingOperator(TideflowOperator):
             status.device_seconds / 3600,
         )
         if status.state is GangState.SUCCEEDED:
-            outputs = self._outputs(context, status)
-            self._record(context, status, outputs)
+            outputs = step_outputs(self._gang(context), status, self.log.warning)
+            record_gang_run(
+                self,
+                context,
+                status,
+                outputs,
+                device_class=self.plan.device_class,
+                usage_tags=None if ledger is None else partial(ledger_usage_tags, self, gang_id),
+            )
             return outputs
         if status.state is GangState.PREEMPTED:
             self.log.info(
@@ -433,15 +394,3 @@ class GangTrainingOperator(TideflowOperator):
                 "until it expires",
                 gang_id,
             )
-
-    def _outputs(self, context: Context, status: Any) -> GangOutputs:
-        from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
-
-        try:
-            outputs = gang_outputs(self._gang(context), warn=self.log.warning)
-        except NoCheckpointError as exc:
-            # Retrying would run the same script to the same end: fail for good.
-            raise AirflowFailException(f"tideflow: {exc}") from None
-        outputs["restarts"] = status.restarts
-        outputs["device_hours"] = status.device_seconds / 3600
-        return outputs

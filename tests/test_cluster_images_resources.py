@@ -118,7 +118,7 @@ def test_the_argo_gang_drivers_workers_get_the_step_image_code_args_and_resource
 ) -> None:
     """The driver's arguments, as Argo passes them, resolved as the driver resolves them."""
     from tideflow.backends.kubernetes import gang_object
-    from tideflow.steps.standalone import build_parser, read_step
+    from tideflow.steps.standalone_io import build_parser, read_step
 
     workflow = yaml.safe_load(compile_pipeline(vision, settings=KubeSettings())[1])
     args = templates(workflow)["train"]["container"]["args"]

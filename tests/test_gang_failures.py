@@ -145,7 +145,7 @@ def test_the_steps_hang_timeout_reaches_every_worker(
 ) -> None:
     from tideflow.compile.gang_plan import gang_plan_from_json
     from tideflow.gangs import resolve_gang
-    from tideflow.spec.models import GangTraining
+    from tideflow.spec.step_kinds import GangTraining
 
     config = {"entrypoint": ["python", "train.py"], "workers": 2, **declared}
     GangTraining.model_validate(config)  # what the spec accepts

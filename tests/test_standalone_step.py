@@ -32,7 +32,7 @@ from tests.kubefake import KubeFake, gang_cluster
 from tideflow.argo import compile_pipeline
 from tideflow.checkpoint import CheckpointManager
 from tideflow.kube import KubeSettings
-from tideflow.steps.standalone import assign, parse_assignment, read_value
+from tideflow.steps.standalone_io import assign, parse_assignment, read_value
 
 WORKFLOW = "digits-x7k2p"
 

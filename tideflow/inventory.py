@@ -19,10 +19,11 @@ from typing import Any, Literal, cast
 from pydantic import Field, model_validator
 
 from tideflow.config import bad_setting
+from tideflow.spec.base import SpecModel
 from tideflow.spec.errors import SpecError, SpecIssue
 from tideflow.spec.fields import MemoryQuantity, Name, fail, strict_int
 from tideflow.spec.loader import load_model
-from tideflow.spec.models import DeviceClass, SpecModel
+from tideflow.spec.step_kinds import DeviceClass
 from tideflow.spec.teams import BorrowingRule, PriorityClass, Scheduling, Team, team_issues
 from tideflow.spec.yamlpos import Positions
 

@@ -14,16 +14,9 @@ from typing import Any
 
 from tideflow.compile.gang_plan import GangStepPlan, gang_plan_to_json, gang_step_plan
 from tideflow.compile.templates import exact_param
-from tideflow.spec.models import (
-    DataPrep,
-    Evaluation,
-    GangTraining,
-    ParamSpec,
-    PipelineSpec,
-    PromoteCheckpoint,
-    Step,
-)
+from tideflow.spec.models import ParamSpec, PipelineSpec, Step
 from tideflow.spec.params import PRIORITY_PARAM, run_params
+from tideflow.spec.step_kinds import DataPrep, Evaluation, GangTraining, PromoteCheckpoint
 
 POOL_FOR_CLASS = {"cpu": "tideflow-cpu", "gpu": "tideflow-gpu", "npu": "tideflow-npu"}
 OPERATOR_FOR_KIND = {

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TypeAlias
 
-from tideflow.spec.models import DeviceClass, GangTraining, KeepBest
+from tideflow.spec.step_kinds import DeviceClass, GangTraining, KeepBest
 
 JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
 # A JSON object. The step's ``args`` are one, free-form on purpose: they are the user's

@@ -45,7 +45,7 @@ from tideflow.backends.protocol import GangJob, GangState, GangStatus
 from tideflow.compile.gang_plan import JsonObject, gang_plan_from_json
 from tideflow.gangs.resolved import ResolvedGang
 from tideflow.kube.argo.team_classes import team_classes_inventory
-from tideflow.steps.standalone import GANG_OUTPUTS
+from tideflow.steps.standalone_io import GANG_OUTPUTS
 
 if TYPE_CHECKING:
     from tideflow.kube.settings import KubeSettings
@@ -98,7 +98,7 @@ def drive(
 
 def _parser() -> argparse.ArgumentParser:
     """The standalone executor's arguments plus the cluster's settings and the gang's owner."""
-    from tideflow.steps.standalone import build_parser
+    from tideflow.steps.standalone_io import build_parser
 
     parser = build_parser(("gang_training",), "python -m tideflow.gangs.driver")
     parser.add_argument("--kube-settings", required=True, help="KubeSettings as JSON")
@@ -184,7 +184,7 @@ def _follow(backend: Any, job: GangJob) -> GangStatus | None:
 def _finish(gang: ResolvedGang, status: GangStatus, outputs_dir: Path) -> int:
     """The exit code of an ended gang; a succeeded one's checkpoint written as outputs."""
     from tideflow.gangs.outputs import NoCheckpointError, gang_outputs
-    from tideflow.steps.standalone import write_outputs
+    from tideflow.steps.standalone_io import write_outputs
 
     if status.state is not GangState.SUCCEEDED:
         print(
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None, *, api_client: Any = None) -> int:
     from tideflow.backends.kubernetes import KubernetesBackend
     from tideflow.kube.client import connect
     from tideflow.kube.settings import settings_from_json
-    from tideflow.steps.standalone import BAD_ARGUMENTS, read_step
+    from tideflow.steps.standalone_io import BAD_ARGUMENTS, read_step
     from tideflow.storage.roots import StoreRootError
 
     args = _parser().parse_args(argv)

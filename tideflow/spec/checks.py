@@ -12,8 +12,8 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from tideflow.spec.errors import SpecIssue
-from tideflow.spec.models import DeviceClass, GangTraining
 from tideflow.spec.report import did_you_mean
+from tideflow.spec.step_kinds import DeviceClass, GangTraining
 from tideflow.spec.yamlpos import Path, Positions, format_path
 
 

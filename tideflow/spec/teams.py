@@ -31,9 +31,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from tideflow.spec.base import SpecModel
 from tideflow.spec.errors import SpecIssue
 from tideflow.spec.fields import DurationSeconds, Name, StrictNumber, strict_int
-from tideflow.spec.models import SpecModel
 from tideflow.spec.yamlpos import Path, Positions, format_path
 
 # The ledger's priorities run from the spare GPU lease (-100) up to the broker's

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 CHECKPOINT_KEYS = ("checkpoint", "checkpoint_store", "checkpoint_step", "checkpoint_checksum")
 CHECKPOINT_CHOICES = ("best", "latest")
-DEFAULT_CHECKPOINT_CHOICE = "best"  # as tideflow.spec.models.Evaluation.checkpoint
+DEFAULT_CHECKPOINT_CHOICE = "best"  # as tideflow.spec.step_kinds.Evaluation.checkpoint
 # The evaluation's output (and XCom key) that tells promotion how its checkpoint was chosen.
 SELECTION_OUTPUT = "checkpoint_selection"
 

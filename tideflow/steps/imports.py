@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tideflow.spec.errors import SpecIssue
-from tideflow.spec.models import Evaluation, PipelineSpec, PromoteCheckpoint
+from tideflow.spec.models import PipelineSpec
+from tideflow.spec.step_kinds import Evaluation, PromoteCheckpoint
 from tideflow.spec.yamlpos import Path, Positions, format_path
 from tideflow.steps.code import with_code_path
 

@@ -15,7 +15,7 @@ from tideflow.spec.models import PipelineSpec
 from tideflow.spec.yamlpos import Path, Positions, format_path
 from tideflow.steps.code import with_code_path
 from tideflow.steps.context import pipeline_labels
-from tideflow.steps.standalone import EVALUATION_OUTPUTS, GANG_OUTPUTS, PROMOTION_OUTPUTS
+from tideflow.steps.standalone_io import EVALUATION_OUTPUTS, GANG_OUTPUTS, PROMOTION_OUTPUTS
 
 
 class CompileContext:

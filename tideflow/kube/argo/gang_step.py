@@ -39,7 +39,7 @@ from tideflow.kube.argo.plan import WORKFLOW_NAME, WORKFLOW_UID, StepTemplate
 from tideflow.kube.argo.team_classes import team_classes_json
 from tideflow.kube.settings import settings_to_json
 from tideflow.spec.yamlpos import Path
-from tideflow.steps.standalone import GANG_OUTPUTS
+from tideflow.steps.standalone_io import GANG_OUTPUTS
 
 DRIVER = ("python", "-m", "tideflow.gangs.driver")
 # The driver only talks to the API server and reads one checkpoint manifest.

@@ -9,7 +9,7 @@ from tideflow.kube.argo.plan import StepTemplate
 from tideflow.kube.argo.templating import output_of
 from tideflow.spec.yamlpos import Path
 from tideflow.steps.evaluation import SELECTION_OUTPUT
-from tideflow.steps.standalone import PROMOTION_OUTPUTS
+from tideflow.steps.standalone_io import PROMOTION_OUTPUTS
 
 
 def promotion_step(ctx: CompileContext, index: int, task: TaskPlan) -> StepTemplate | None:
