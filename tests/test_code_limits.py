@@ -1,10 +1,5 @@
 """Limits of the product code: no module over 400 lines, no function over 60, and no
-import circle between modules.
-
-Code past a limit today is listed in ``tests/code_limits_exemptions.txt`` with
-its size. The list may only shrink: a listed item that grew fails, one that
-shrank must be listed at its new size, and one back under its limit must be
-deleted, so every split is kept.
+import circle between modules. There are no exemptions: split the code.
 """
 
 from __future__ import annotations
@@ -17,10 +12,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ROOTS = ("tideflow", "operators", "plugins", "dags")
+ROOTS = ("tideflow", "operators", "plugins", "dags", "research")
 MODULE_LINES = 400
 FUNCTION_LINES = 60
-EXEMPTIONS = Path(__file__).with_name("code_limits_exemptions.txt")
 
 
 def measure(base: Path = REPO, roots: tuple[str, ...] = ROOTS) -> dict[str, int]:
@@ -41,45 +35,11 @@ def measure(base: Path = REPO, roots: tuple[str, ...] = ROOTS) -> dict[str, int]
     return over
 
 
-def exemptions() -> dict[str, int]:
-    allowed: dict[str, int] = {}
-    for number, raw in enumerate(EXEMPTIONS.read_text(encoding="utf-8").splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        item, _, size = line.rpartition(" ")
-        if not item or not size.isdigit():
-            pytest.fail(f"{EXEMPTIONS.name}:{number}: expected '<path[:function]> <lines>'")
-        allowed[item.strip()] = int(size)
-    return allowed
-
-
-def test_nothing_new_is_over_a_limit() -> None:
-    allowed = exemptions()
-    new = {item: n for item, n in measure().items() if item not in allowed}
-    assert not new, (
-        f"over {MODULE_LINES} lines per module or {FUNCTION_LINES} per function "
-        f"(split it; do not add it to {EXEMPTIONS.name}): {new}"
+def test_no_module_or_function_is_over_its_limit() -> None:
+    over = measure()
+    assert not over, (
+        f"over {MODULE_LINES} lines per module or {FUNCTION_LINES} per function: {over}"
     )
-
-
-def test_exempted_code_only_shrinks() -> None:
-    measured = measure()
-    grown = {i: (n, measured[i]) for i, n in exemptions().items() if measured.get(i, 0) > n}
-    assert not grown, f"exempted code grew (listed, now): {grown}"
-
-
-def test_exempted_sizes_follow_the_code_down() -> None:
-    """A listed item that shrank is listed at its new size, so it cannot grow back."""
-    measured = measure()
-    shrunk = {i: (n, measured[i]) for i, n in exemptions().items() if 0 < measured.get(i, 0) < n}
-    assert not shrunk, f"lower these sizes in {EXEMPTIONS.name} (listed, now): {shrunk}"
-
-
-def test_exemptions_are_removed_once_met() -> None:
-    measured = measure()
-    met = sorted(item for item in exemptions() if item not in measured)
-    assert not met, f"now within the limits: delete from {EXEMPTIONS.name}: {met}"
 
 
 def test_the_measure_finds_long_modules_and_functions(tmp_path: Path) -> None:
@@ -94,12 +54,6 @@ def test_the_measure_finds_long_modules_and_functions(tmp_path: Path) -> None:
         "pkg/long.py": MODULE_LINES + 1,
         "pkg/long.py:long": FUNCTION_LINES + 1,
     }
-
-
-def test_the_gang_broker_scheduling_and_kube_packages_have_no_exemption() -> None:
-    kept_within = ("tideflow/gangs/", "tideflow/broker/", "tideflow/scheduling/", "tideflow/kube/")
-    exempted = sorted(item for item in exemptions() if item.startswith(kept_within))
-    assert not exempted, exempted
 
 
 def import_order(packages: tuple[str, ...]) -> tuple[str, ...]:
