@@ -4,7 +4,7 @@
 #     bash bench/gpu_staging.sh                # 2 GiB state, 3 saves per figure
 #     SIZE_MB=512 REPEAT=2 bash bench/gpu_staging.sh
 #
-# Runs the GPU tests of tests/test_pinned_staging.py (they skip without CUDA), then
+# Runs the GPU tests of tests/checkpoints/test_pinned_staging.py (they skip without CUDA), then
 # bench/gpu_checkpoint_staging.py (pageable vs pinned staging in one run), each under a
 # timeout, and prints everything. Exits non-zero if either failed.
 set -u
@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
     "available", torch.cuda.is_available())'
 
 echo "== GPU tests: timeout ${TEST_TIMEOUT:-240}s"
-timeout "${TEST_TIMEOUT:-240}" "$PYTHON" -m pytest tests/test_pinned_staging.py -q -rs \
+timeout "${TEST_TIMEOUT:-240}" "$PYTHON" -m pytest tests/checkpoints/test_pinned_staging.py -q -rs \
     -p no:cacheprovider
 tests_rc=$?
 

@@ -1,6 +1,6 @@
 """Running a framework's training script as a real 2-worker gang through the local backend.
 
-Shared by tests/test_hf_integration.py and tests/test_lightning_integration.py:
+Shared by tests/gangs/test_hf_integration.py and tests/gangs/test_lightning_integration.py:
 the supervisor starts, restarts and preempts the gang as in production.
 """
 

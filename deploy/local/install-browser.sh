@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Debian's Chromium and ChromeDriver for tests/test_browser.py.
+# Installs Debian's Chromium and ChromeDriver for tests/stack/test_browser.py.
 # Does nothing when both are already there. Needs root (or sudo) and apt.
 set -euo pipefail
 

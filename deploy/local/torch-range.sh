@@ -20,7 +20,7 @@ fi
 for server in weed mlflow; do ln -sf "$PWD/.venv/bin/$server" "$VENV/bin/$server"; done
 "$VENV/bin/python" -c 'import torch, tideflow; print("torch", torch.__version__, "tideflow", tideflow.__version__)'
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q \
-  tests/test_runtime.py tests/test_runtime_distributed.py tests/test_checkpoints_api.py \
-  tests/test_sharded_checkpoint.py tests/test_gang_commit.py tests/test_checkpoint.py \
-  tests/test_hf_integration.py tests/test_lightning_integration.py \
-  tests/test_pinned_staging.py "$@"
+  tests/checkpoints/test_runtime.py tests/checkpoints/test_runtime_distributed.py tests/checkpoints/test_checkpoints_api.py \
+  tests/checkpoints/test_sharded_checkpoint.py tests/gangs/test_gang_commit.py tests/checkpoints/test_checkpoint.py \
+  tests/gangs/test_hf_integration.py tests/gangs/test_lightning_integration.py \
+  tests/checkpoints/test_pinned_staging.py "$@"

@@ -5,7 +5,7 @@ has no description.
 
 Per kind of file, keyed by the field's path as the reference shows it
 (`steps[].name`). The schema's own
-description wins; `tests/test_docs_reference.py` fails when a path here is no longer
+description wins; `tests/project/test_docs_reference.py` fails when a path here is no longer
 a field, or when a field is described in neither place.
 
 EXIT_CODE_HELP: what each exit code means; a name is the constant in the code

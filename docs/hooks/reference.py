@@ -5,7 +5,7 @@ reference pages made from the code itself, so they cannot drift from it: the CLI
 from the argparse parser (`tideflow.cli.build_parser`), the pipeline and cluster
 file fields from their JSON Schemas, the exit codes from the constants the code
 uses, and the environment variables from the settings registry. Nothing it makes
-is committed. `tests/test_docs_reference.py` loads the same functions.
+is committed. `tests/project/test_docs_reference.py` loads the same functions.
 
 A page may also ask for a command's real output: a line
 `<!-- tideflow-output: validate docs/examples/broken.yaml -->` becomes a console

@@ -17,8 +17,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.cluster.conftest import service_account
-from tests.test_deploy_manifests import BROKER, REASONS, REFUSED, _set
-from tests.test_deploy_manifests import gpu_node as sample_node
+from tests.kube.test_deploy_manifests import BROKER, REASONS, REFUSED, _set
+from tests.kube.test_deploy_manifests import gpu_node as sample_node
 from tideflow.stack.cluster.kubeapi import Kube
 from tideflow.stack.cluster.state import ClusterState
 

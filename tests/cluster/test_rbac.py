@@ -2,7 +2,7 @@
 component calls, and is refused what it must not do.
 
 What each component calls comes from the code (``GANG_KINDS``, the broker's
-target) and the offline test's lists (tests/test_deploy_manifests.py); the
+target) and the offline test's lists (tests/kube/test_deploy_manifests.py); the
 API server answers each question with a SubjectAccessReview, as ``kubectl auth
 can-i --as`` asks it.
 """

@@ -1,6 +1,6 @@
 """plain_ddp.py with tideflow's checkpoints: the lines a team adds, nothing else.
 
-Compare the two files (tests/test_checkpoints_api.py counts the difference):
+Compare the two files (tests/checkpoints/test_checkpoints_api.py counts the difference):
 ``import tideflow``, ``tideflow.ResumableSampler`` for ``DistributedSampler``,
 ``tideflow.checkpoints(...)``, ``restore()``, the epoch loop starting at the
 sampler's epoch, a step counter, ``save`` after each optimizer step and

@@ -55,7 +55,7 @@ GroupBy = Literal["team", "pipeline", "run"]
 GROUPINGS: tuple[GroupBy, ...] = ("team", "pipeline", "run")
 
 # tideflow.broker.local.INFERENCE_PREFIX; the broker sits above scheduling and may not
-# be imported from here (tests/test_accounting.py checks the two agree).
+# be imported from here (tests/teams/test_accounting.py checks the two agree).
 BROKER_PREFIX = "broker/inference/"
 BROKER_GROUP = "broker/inference"
 STOPPED = ("preempted", "forced")  # how a span ends when the ledger asked the gang to stop

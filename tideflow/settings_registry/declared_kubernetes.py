@@ -8,7 +8,7 @@ from tideflow.settings_registry.model import Setting
 from tideflow.version import __version__
 
 # The image a release publishes, tagged with the package version (deploy/ names it too;
-# tests/test_image_tag.py keeps them equal).
+# tests/kube/test_image_tag.py keeps them equal).
 DEFAULT_IMAGE = f"registry.example.com/tideflow:{__version__}"
 
 QUEUE_KINDS = ("volcano", "kueue")

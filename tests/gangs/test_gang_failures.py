@@ -1,0 +1,162 @@
+"""Restarts are not burned on a failure that will only repeat (local backend, real gloo
+workers), and the failure signature is read from what workers really print."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tideflow.backends import GangJob, GangState, WorkerSlot
+from tideflow.backends.failures import (
+    FailureSignature,
+    first_cause,
+    is_deterministic,
+    last_exception,
+    signature,
+)
+from tideflow.backends.local import LocalBackend
+
+SCRIPT = Path(__file__).parents[1] / "user_code" / "deterministic_bug.py"
+
+
+def bug_gang(gang_id: str, tmp_path: Path, *flags: str) -> GangJob:
+    return GangJob(
+        gang_id=gang_id,
+        command=(sys.executable, str(SCRIPT), "--bad-step", "12", *flags),
+        env={
+            "TIDEFLOW_CHECKPOINT_URI": (tmp_path / "ckpt").as_uri(),
+            "TIDEFLOW_CHECKPOINT_EVERY_STEPS": "5",
+        },
+        slots=tuple(WorkerSlot(rank, "localhost", ()) for rank in range(2)),
+        device_class="cpu",
+        emulated=False,
+        max_restarts=3,
+    )
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_a_failure_that_repeats_ends_the_gang_after_one_restart(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "gangs")
+    backend.submit(bug_gang("bug", tmp_path))
+    status = backend.wait("bug", 150)
+    log = backend.log_path("bug").read_text()
+    assert status.state is GangState.FAILED and status.restarts == 1, log[-3000:]
+    assert "rank 1: ValueError at step 12 on two attempts in a row" in status.message
+    assert "not using the 2 restart(s) left" in log
+    assert log.count("started 2 worker(s)") == 2
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_a_failure_a_restart_cures_still_restarts(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path / "gangs")
+    backend.submit(bug_gang("flaky", tmp_path, "--only-first-attempt"))
+    status = backend.wait("flaky", 150)
+    log = backend.log_path("flaky").read_text()
+    assert status.state is GangState.SUCCEEDED and status.restarts == 1, log[-3000:]
+    assert "relaunching; the newest committed checkpoint is step 10" in log
+
+
+GLOO_PEER = (
+    "[rank0]: Traceback (most recent call last):\n"
+    '[rank0]:   File "train.py", line 9, in <module>\n'
+    "[rank0]:     loss.backward()\n"
+    "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:26517. This is typically caused by a remote worker crashing.\n"
+)
+OWN_BUG = (
+    "step 11 loss 0.2\n"
+    "Traceback (most recent call last):\n"
+    '  File "train.py", line 30, in main\n'
+    '    raise ValueError("bad record")\n'
+    "ValueError: bad record\n"
+)
+
+
+def test_the_cause_is_the_rank_whose_own_code_raised(tmp_path: Path) -> None:
+    progress = tmp_path / "p.json"
+    progress.write_text('{"step": 12, "at": 0}')
+    peer = signature(0, 1, GLOO_PEER, progress)
+    own = signature(1, 1, OWN_BUG, progress)
+    assert peer == FailureSignature(0, 12, "RuntimeError") and peer.peer_lost
+    assert own == FailureSignature(1, 12, "ValueError") and not own.peer_lost
+    assert first_cause([peer, own]) is own
+    assert first_cause([peer]) is peer  # nothing better known
+
+
+def test_only_the_same_rank_step_and_cause_count_as_deterministic(tmp_path: Path) -> None:
+    at = FailureSignature(1, 12, "ValueError")
+    assert is_deterministic(at, FailureSignature(1, 12, "ValueError"))
+    assert not is_deterministic(None, at)
+    assert not is_deterministic(at, FailureSignature(1, 13, "ValueError"))
+    assert not is_deterministic(at, FailureSignature(0, 12, "ValueError"))
+    assert not is_deterministic(at, FailureSignature(1, 12, "KeyError"))
+    unknown = FailureSignature(1, None, "signal 9")  # no progress recorded: never
+    assert not is_deterministic(unknown, unknown)
+    killed = signature(1, -9, OWN_BUG, tmp_path / "absent.json")
+    assert killed == FailureSignature(1, None, "signal 9")
+
+
+@given(st.text())
+def test_reading_an_exception_from_any_log_never_fails(text: str) -> None:
+    found = last_exception(text)
+    assert found is None or (found[0] and found[0] in found[1])
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_a_hang_is_noticed_its_stacks_dumped_and_a_second_hang_fails_the_gang(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 waits forever at step 12; hang_timeout 5 s (TIDEFLOW_HANG_TIMEOUT_S, which
+    the step's ``hang_timeout`` sets)."""
+    backend = LocalBackend(tmp_path / "gangs")
+    job = bug_gang("hang", tmp_path, "--hang")
+    job = replace(job, env={**job.env, "TIDEFLOW_HANG_TIMEOUT_S": "5"})
+    started = time.monotonic()
+    backend.submit(job)
+    status = backend.wait("hang", 150)
+    log = backend.log_path("hang").read_text()
+    assert status.state is GangState.FAILED and status.restarts == 1, log[-3000:]
+    assert "hang at step 12 (each rank's stacks are in its log) on two attempts in a row" in (
+        status.message
+    )
+    assert "no training progress for" in log and "exiting 77" in log
+    # faulthandler's dump of the hung rank: where it waits, in the user's code
+    assert re.search(r"\[rank 1\] .*File \".*deterministic_bug\.py\", line \d+ in main", log)
+    assert time.monotonic() - started < 2 * (5 + 10) + 60  # two hangs, each caught in ~5-10 s
+
+
+@pytest.mark.parametrize(
+    ("declared", "expected"),
+    [({}, "1800"), ({"hang_timeout": 120}, "120"), ({"hang_timeout": None}, None)],
+)
+def test_the_steps_hang_timeout_reaches_every_worker(
+    tmp_path: Path, declared: dict[str, Any], expected: str | None
+) -> None:
+    from tideflow.compile.gang_plan import gang_plan_from_json
+    from tideflow.gangs import resolve_gang
+    from tideflow.spec.step_kinds import GangTraining
+
+    config = {"entrypoint": ["python", "train.py"], "workers": 2, **declared}
+    GangTraining.model_validate(config)  # what the spec accepts
+    gang = resolve_gang(
+        gang_plan_from_json(config),
+        pipeline="p",
+        team="t",
+        run_id="r",
+        step="train",
+        artifact_root=tmp_path.as_uri(),
+        allowed_roots=[tmp_path.as_uri()],
+    )
+    assert gang.env.get("TIDEFLOW_HANG_TIMEOUT_S") == expected
+    assert gang.cluster_job().env.get("TIDEFLOW_HANG_TIMEOUT_S") == expected
