@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from tests.broker.test_broker_kubernetes import BROKER, NS, Cluster
 from tests.fakes import WindowedLoad
 from tests.kubefake import KubeFake
-from tests.broker.test_broker_kubernetes import BROKER, NS, Cluster
 from tideflow.broker import PolicyConfig
 from tideflow.broker.journal import DecisionJournal
 from tideflow.broker.kubernetes import ClusterTarget, KubernetesActuator

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from tests.broker.test_broker_kubernetes import inference_deployment
 from tests.fakes import Clock
 from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kubefake.kueue import NotAdmittedError
 from tests.kubefake.volcano_queue_webhook import validate_queue
-from tests.broker.test_broker_kubernetes import inference_deployment
 from tideflow.backends import GangJob, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.broker import Action, BrokerDecision, Reclaim

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 
-from tests.fakes import WindowedLoad
 from tests.checkpoints.test_runtime_distributed import (
     assert_same,
     final_weights,
@@ -24,6 +23,7 @@ from tests.checkpoints.test_runtime_distributed import (
     splits,
     wait_for_step,
 )
+from tests.fakes import WindowedLoad
 from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.broker import Action, Forecast, PolicyConfig, Snapshot, decide

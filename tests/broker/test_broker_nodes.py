@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from tests.fakes import WindowedLoad
 from tests.broker.test_broker_journal_held import CONFIG
+from tests.fakes import WindowedLoad
 from tideflow.broker.journal import DecisionJournal
 from tideflow.broker.local import LocalActuator
 from tideflow.broker.service import rebalance_once

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import WindowedLoad
 from tests.broker.test_broker_load import _PrometheusAnswers, prometheus
+from tests.fakes import WindowedLoad
 from tideflow.broker.journal import DecisionJournal, DecisionRecord
 from tideflow.broker.load import (
     LoadSourceError,

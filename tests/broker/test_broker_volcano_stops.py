@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.kubefake import KubeFake, service_account
 from tests.broker.test_broker_kubernetes import BROKER, NS, Cluster, grow_to
+from tests.kubefake import KubeFake, service_account
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.broker.journal import DecisionJournal

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack.test_cli import tideflow
-from tests.pipelines.test_data_prep import xcom
 from tests.gangs.test_gang_operator import run_dag, states
+from tests.pipelines.test_data_prep import xcom
+from tests.stack.test_cli import tideflow
 from tideflow.checkpoint import CheckpointManager
 from tideflow.storage.roots import StoreRootError, check_root, declared_roots, is_within
 

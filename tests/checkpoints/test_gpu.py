@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.checkpoints.test_runtime_distributed import assert_same, final_weights, job, splits, wait_for_step
+from tests.checkpoints.test_runtime_distributed import (
+    assert_same,
+    final_weights,
+    job,
+    splits,
+    wait_for_step,
+)
 from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
 from tideflow.checkpoint import CheckpointManager

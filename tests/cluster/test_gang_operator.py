@@ -26,8 +26,8 @@ import yaml
 
 from tests.cluster.conftest import NAMESPACE, service_account_kubeconfig
 from tests.cluster.test_gangs import TRIGGERER, WORKER, gang_pods, wait_for
-from tests.simulated_workers import commit_as_workers
 from tests.gangs.test_gang_operator import run_dag, states
+from tests.simulated_workers import commit_as_workers
 from tideflow.stack.cluster.kubeapi import Kube
 from tideflow.stack.cluster.state import ClusterState
 

@@ -19,9 +19,9 @@ import pytest
 from kubernetes import client
 
 from tests.cluster.conftest import NAMESPACE, service_account
+from tests.kube.test_kube_jobset import digits_jobset, gang
 from tests.kubefake import DEPLOY, KubeFake
 from tests.kubefake import service_account as fake_service_account
-from tests.kube.test_kube_jobset import digits_jobset, gang
 from tideflow.backends import GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend
 from tideflow.kube import KubeSettings

@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
+from tests.gangs.test_gang_operator import run_dag, states
 from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.simulated_workers import commit_as_workers
-from tests.gangs.test_gang_operator import run_dag, states
 from tideflow.kube.settings import kube_settings_from_env
 
 NS = "tideflow"

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kubefake import DEPLOY, KubeFake, service_account
 from tests.kube.test_kube_volcano import digits_gang_object
+from tests.kubefake import DEPLOY, KubeFake, service_account
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.kubernetes import KubernetesBackend, gang_kind
 from tideflow.kube import KubeSettings

@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from tests.argo_run import start_gang_driver, templates
-from tests.kubefake import KubeFake, gang_cluster
 from tests.kube.test_kube_priority_class import compiled
+from tests.kubefake import KubeFake, gang_cluster
 from tideflow.argo import compile_pipeline
 from tideflow.inventory import inventory_for
 from tideflow.kube import KubeSettings

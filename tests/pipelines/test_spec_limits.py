@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack.test_cli import tideflow
 from tests.pipelines.test_dag_loader import dagbag
+from tests.stack.test_cli import tideflow
 from tideflow.spec import SpecError, load_pipeline
 from tideflow.spec.yamlpos import LIMITS
 
