@@ -204,7 +204,8 @@ def test_the_longest_names_give_labels_and_hostnames_kubernetes_accepts(
         ranks = set()
         for pod in pods:
             assert len(pod["spec"].get("hostname") or pod["metadata"]["name"]) <= 63
-            # torchrun's environment, as the kubelet resolves it (tests/gangs/test_torchrun_contract.py)
+            # torchrun's environment as the kubelet resolves it
+            # (tests/gangs/test_torchrun_contract.py)
             env = container_environment(pod)
             assert all(env.get(name) for name in TORCHRUN_VARIABLES), pod["metadata"]["name"]
             assert env["WORLD_SIZE"] == "12" and env["LOCAL_RANK"] == "0"
