@@ -1,10 +1,10 @@
 # tideflow developer commands. `make help` lists them.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Test workers (pytest-xdist): tests/tiers.py keeps the cluster tier on one worker and
-# each module that starts servers on one. TEST_JOBS=0 runs in this process.
+# Test workers (pytest-xdist): tests/tiers.py gives a worker the cluster tier whole, else
+# a whole module (its fixtures start once). TEST_JOBS=0 runs in this process.
 TEST_JOBS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup
+PYTEST := $(PY) -m pytest -n $(TEST_JOBS)
 .DEFAULT_GOAL := help
 
 .PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast test-processes test-servers test-research test-torch-low lint fmt schema constraints bench docs clean

@@ -58,22 +58,27 @@ def tier_of(item: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        tier = tier_of(item)
-        item.add_marker(tier)
-        group = xdist_group(item, tier)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(tier_of(item))
 
 
-def xdist_group(item: pytest.Item, tier: str) -> str | None:
-    """Tests that must share one worker under ``pytest -n`` (``--dist loadgroup``): the
-    cluster tier shares one control plane; a module that starts servers keeps them for
-    the module. Every other test goes to whichever worker is free."""
-    if tier == "cluster":
+def work_unit(nodeid: str) -> str:
+    """What one worker runs whole under ``pytest -n`` (``make test``): the cluster tier
+    (one control plane for the session), else a test's module (its module fixtures,
+    such as the Airflow stack, start once)."""
+    if nodeid.startswith("tests/cluster/"):
         return "cluster"
-    if tier in ("servers", "browser"):
-        return item.nodeid.split("::", 1)[0]
-    return None
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called only where it runs
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 class ProcessInUnitTestError(RuntimeError):
