@@ -57,8 +57,15 @@ def tier_of(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank: dict[str, int] = {}
     for item in items:
-        item.add_marker(tier_of(item))
+        tier = tier_of(item)
+        item.add_marker(tier)
+        unit = work_unit(item.nodeid)
+        rank[unit] = min(rank.get(unit, len(TIERS)), TIERS.index(tier))
+    # The costliest work units first (the longest first is the best greedy order for
+    # two workers); stable, so a module keeps its own order.
+    items.sort(key=lambda item: rank[work_unit(item.nodeid)])
 
 
 def work_unit(nodeid: str) -> str:
@@ -78,6 +85,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
+    # xdist would hand out work units by their number of tests, so the one-test browser
+    # module would start last and run alone; keep the collection's order (costliest first).
+    config.option.loadscopereorder = False
     return ByWorkUnit(config, log)
 
 
