@@ -561,8 +561,10 @@ def test_observing_the_cluster_gives_pools_gangs_and_idle_gpus(
     assert committed.created_at > started
     # the pods' priorities come from their PriorityClasses (deploy/kubernetes)
     assert actuator.gangs() == (
-        GangView("job-a", 16, 1000, committed.created_at, nodes=("gpu-1", "gpu-2")),
-        GangView("job-b", 4, 10000, started, nodes=("gpu-3",)),
+        GangView(
+            "job-a", 16, 1000, committed.created_at, nodes=("gpu-1", "gpu-2"), started_s=started
+        ),
+        GangView("job-b", 4, 10000, started, nodes=("gpu-3",), started_s=started),
     )
     assert actuator.idle_training_gpus() == 24 - 16 - 4
 

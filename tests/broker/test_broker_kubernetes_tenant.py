@@ -388,7 +388,8 @@ def test_whom_a_gang_borrows_from_is_the_teams_admission_replayed_in_start_order
     gang that borrows vision's quota past that rule's auto_return_timeout is returned
     for inference too, with its own rule's grace (tideflow.scheduling.quota.candidates,
     as the ledger does locally)."""
-    from tideflow.broker.tenant import PoolGang, PoolNode, borrowers, grow
+    from tideflow.broker.snapshot import GangView
+    from tideflow.broker.tenant import PoolNode, borrowers, grow
     from tideflow.inventory import load_cluster
     from tideflow.scheduling.quota import Teams
 
@@ -399,12 +400,13 @@ def test_whom_a_gang_borrows_from_is_the_teams_admission_replayed_in_start_order
     teams = Teams.of(load_cluster(teams_file(tmp_path, text)))
     assert teams is not None
     hour = 3600.0
+    now = 3 * hour  # each gang checkpointed just now: none has work at risk
     gangs = [
-        PoolGang("vision-later", "vision", 8, 0, 2 * hour, 0.0),
-        PoolGang("vision-first", "vision", 8, 0, 1 * hour, 0.0),
-        PoolGang("nlp-own", "nlp", 8, 0, 0.0, 0.0),
+        GangView("vision-later", 8, 0, now, team="vision", started_s=2 * hour),
+        GangView("vision-first", 8, 0, now, team="vision", started_s=1 * hour),
+        GangView("nlp-own", 8, 0, now, team="nlp", started_s=0.0),
     ]
-    held = {h.gang_id: h for h in borrowers(teams, gangs, 8, "gpu", "H100")}
+    held = {h.gang_id: h for h in borrowers(teams, gangs, 8, "gpu", "H100", now=now)}
     assert (held["vision-first"].borrowed, held["vision-later"].lender) == (0, "inference")
     nodes = [
         PoolNode("gpu-1", 8, frozenset({"vision-first"})),
@@ -427,10 +429,10 @@ def test_whom_a_gang_borrows_from_is_the_teams_admission_replayed_in_start_order
 
     # nlp borrows vision's idle quota (vision runs nothing), past its auto_return_timeout
     late = [
-        PoolGang("nlp-own", "nlp", 8, 0, 0.0, 0.0),
-        PoolGang("nlp-more", "nlp", 8, 0, 0.5 * hour, 0.0),
+        GangView("nlp-own", 8, 0, now, team="nlp", started_s=0.0),
+        GangView("nlp-more", 8, 0, now, team="nlp", started_s=0.5 * hour),
     ]
-    held = {h.gang_id: h for h in borrowers(teams, late, 8, "gpu", "H100")}
+    held = {h.gang_id: h for h in borrowers(teams, late, 8, "gpu", "H100", now=now)}
     assert held["nlp-more"].lender == "vision"
     growth = grow(
         teams,

@@ -7,14 +7,18 @@ same key and value that keeps pods of no pool off.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC
 from typing import Any
 
 from tideflow.broker.kube_target import TAINT_KEY, ClusterTarget
+from tideflow.broker.snapshot import GangView
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
+from tideflow.checkpoint.recency import work_at_risk_since
 from tideflow.compile.cluster_names import POOL_LABEL
 from tideflow.kube.client import MERGE
-from tideflow.steps.context import GANG_LABEL
+from tideflow.kube.names import dns_label
+from tideflow.steps.context import GANG_LABEL, TEAM_LABEL
 
 
 def checkpoint_store(pods: list[Any]) -> str | None:
@@ -106,6 +110,33 @@ class NodePools:
                 "initContainers": serialize(pod.spec.init_containers or []),
             }
         )
+
+    def gangs(self, pods: list[Any], teams: Iterable[str] = ()) -> tuple[GangView, ...]:
+        """The gangs of ``pods`` by their ``tideflow.io/gang`` label, each with the team of
+        ``teams`` its pods' team label names (None: no label, or a team not in ``teams``).
+
+        The work at risk runs from the gang's newest committed checkpoint, read from the
+        store its pods are given (``TIDEFLOW_CHECKPOINT_URI``; the broker needs read access
+        to it), or from its pods' start when there is none or the store cannot be read.
+        """
+        by_label = {dns_label(team): team for team in teams}
+        views = []
+        for gang, mine in sorted(by_gang(pods).items()):
+            starts = [p.status.start_time.timestamp() for p in mine if p.status.start_time]
+            started = min(starts, default=0.0)
+            label = (mine[0].metadata.labels or {}).get(TEAM_LABEL)
+            views.append(
+                GangView(
+                    gang,
+                    sum(self.pod_gpus(p) for p in mine),
+                    min(int(p.spec.priority or 0) for p in mine),
+                    work_at_risk_since(started, checkpoint_store(mine)),
+                    nodes=tuple(sorted({p.spec.node_name for p in mine if p.spec.node_name})),
+                    team=by_label.get(label) if label else None,
+                    started_s=started,
+                )
+            )
+        return tuple(views)
 
     def training_pods(self) -> list[Any]:
         training = {n.metadata.name for n in self.gpu_nodes() if self.pool(n) != "inference"}

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tideflow.broker.kube_evictions import Evictions, Evictor
-from tideflow.broker.kube_pools import NodePools, by_gang, checkpoint_store
+from tideflow.broker.kube_pools import NodePools
 from tideflow.broker.kube_target import POOL, few
 from tideflow.broker.tenant import (
     INFERENCE_TEAM,
-    PoolGang,
     PoolNode,
     borrowers,
     capped,
@@ -29,13 +28,11 @@ from tideflow.broker.tenant import (
     grow,
     lendable,
 )
-from tideflow.checkpoint.recency import work_at_risk_since
 from tideflow.compile.cluster_names import POOL_LABEL
 from tideflow.inventory import ClusterSpec
-from tideflow.kube.names import dns_label
 from tideflow.scheduling.model import DeviceClass
 from tideflow.scheduling.quota import Eviction, Key, Teams
-from tideflow.steps.context import GANG_LABEL, TEAM_LABEL
+from tideflow.steps.context import GANG_LABEL
 
 
 def pool_model(spec: ClusterSpec, device_class: DeviceClass) -> str | None:
@@ -93,26 +90,6 @@ class InferenceTenant:
             )
         return target, note
 
-    def pool_gangs(self, pods: list[Any], now: float) -> list[PoolGang]:
-        """The gangs on the training pool with their teams, from their pods' team label."""
-        teams = {dns_label(t): t for t in self.teams.teams}
-        found = []
-        for gang, mine in sorted(by_gang(pods).items()):
-            starts = [p.status.start_time.timestamp() for p in mine if p.status.start_time]
-            started = min(starts, default=0.0)
-            label = (mine[0].metadata.labels or {}).get(TEAM_LABEL)
-            found.append(
-                PoolGang(
-                    gang,
-                    teams.get(label) if label else None,
-                    sum(self.pools.pod_gpus(p) for p in mine),
-                    min(int(p.spec.priority or 0) for p in mine),
-                    started,
-                    max(0.0, now - work_at_risk_since(started, checkpoint_store(mine))),
-                )
-            )
-        return found
-
     def _pool_nodes(
         self, training: list[Any], pods: list[Any], unusable: set[str]
     ) -> list[PoolNode]:
@@ -148,9 +125,8 @@ class InferenceTenant:
         pods = self.pools.training_pods()
         now = time.time()
         unusable = self.pools.unusable_nodes()
-        held = borrowers(
-            self.teams, self.pool_gangs(pods, now), have, self.device_class, self.model
-        )
+        gangs = self.pools.gangs(pods, self.teams.teams)
+        held = borrowers(self.teams, gangs, have, self.device_class, self.model, now=now)
         growth = grow(
             self.teams,
             held,

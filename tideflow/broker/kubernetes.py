@@ -30,8 +30,8 @@ from tideflow.broker.journal import PreemptionCount
 from tideflow.broker.kube_evictions import Evictions, Evictor
 from tideflow.broker.kube_inference import InferenceService
 from tideflow.broker.kube_kueue_counts import kueue_preemption_counts
-from tideflow.broker.kube_pools import NodePools, by_gang, checkpoint_store, taint_as_written
-from tideflow.broker.kube_queue import TrainingQueue, TrainingQueueRefusedError, refusal
+from tideflow.broker.kube_pools import NodePools
+from tideflow.broker.kube_queue import TrainingQueue, TrainingQueueRefusedError
 from tideflow.broker.kube_target import (
     DEVICE_CLASSES,
     KUEUE_PREEMPTED,
@@ -46,7 +46,6 @@ from tideflow.broker.kube_tenant import InferenceTenant, pool_model
 from tideflow.broker.policy import BrokerDecision, GangView
 from tideflow.broker.tenant import ceiling, floor, governs_inference
 from tideflow.broker.volcano_stops import VolcanoStops
-from tideflow.checkpoint.recency import work_at_risk_since
 from tideflow.compile.cluster_names import POOL_LABEL
 from tideflow.inventory import load_cluster
 from tideflow.kube.client import MERGE
@@ -68,14 +67,7 @@ __all__ = [
     "target_from_env",
 ]
 
-# The module's former private names, for code that imported them from here.
 log = logging.getLogger(__name__)
-_checkpoint_store = checkpoint_store
-_taint = taint_as_written
-_by_gang = by_gang
-_pool_model = pool_model
-_refusal = refusal
-_few = few
 
 
 class KubernetesActuator:
@@ -209,26 +201,8 @@ class KubernetesActuator:
         return kueue_preemption_counts(self.custom, self.target, self.pools.spec_gpus)
 
     def gangs(self) -> tuple[GangView, ...]:
-        """Gangs on the training pool, by their pods' ``tideflow.io/gang`` label.
-
-        The work at risk runs from the gang's newest committed checkpoint, read
-        from the store its pods are given (``TIDEFLOW_CHECKPOINT_URI``; the
-        broker needs read access to it), or from its pods' start when there is
-        none or the store cannot be read.
-        """
-        views = []
-        for gang, pods in sorted(by_gang(self.pools.training_pods()).items()):
-            starts = [p.status.start_time.timestamp() for p in pods if p.status.start_time]
-            views.append(
-                GangView(
-                    gang,
-                    sum(self.pools.pod_gpus(p) for p in pods),
-                    min(int(p.spec.priority or 0) for p in pods),
-                    work_at_risk_since(min(starts, default=0.0), checkpoint_store(pods)),
-                    nodes=tuple(sorted({p.spec.node_name for p in pods if p.spec.node_name})),
-                )
-            )
-        return tuple(views)
+        """Gangs on the training pool (``NodePools.gangs``)."""
+        return self.pools.gangs(self.pools.training_pods())
 
     # -- acting -------------------------------------------------------------------------
     def _set_pool(self, node: Any, pool: str) -> None:

@@ -22,6 +22,8 @@ class GangView:
     last_checkpoint_s: float = 0.0  # when its newest checkpoint was committed (or it started)
     min_gpus: int | None = None  # elastic lower bound; None = rigid
     nodes: tuple[str, ...] = ()  # the nodes it runs on, where the actuator knows them
+    team: str | None = None  # a declared team, where the actuator reads teams (a cluster's)
+    started_s: float = 0.0  # when its first worker started, where the actuator knows it
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from tideflow.broker.snapshot import GangView
 from tideflow.scheduling.model import DeviceClass, GangRequest
 from tideflow.scheduling.quota import Eviction, Grant, Held, Key, Teams, admit, victims
 
@@ -76,24 +77,14 @@ def floor(teams: Teams, key: Key, total: int) -> int:
     )
 
 
-@dataclass(frozen=True)
-class PoolGang:
-    """A training gang the broker found on its pool."""
-
-    gang_id: str
-    team: str | None  # a declared team, or None (no team label, or one the file lacks)
-    devices: int
-    priority: int
-    started_s: float
-    work_at_risk_s: float
-
-
 def borrowers(
     teams: Teams,
-    gangs: Sequence[PoolGang],
+    gangs: Sequence[GangView],
     inference_gpus: int,
     device_class: DeviceClass,
     model: str | None,
+    *,
+    now: float,
 ) -> list[Held]:
     """The gangs as the lease ledger would hold them, inference's GPUs first.
 
@@ -116,7 +107,7 @@ def borrowers(
                 device_class,
                 model,
                 1,
-                gang.devices,
+                gang.gpus,
                 gang.priority,
             )
             grant = admit(teams, request, held)
@@ -129,21 +120,21 @@ def borrowers(
                     for h in held
                     if h.team == team and teams.key(h.team, h.device_class, h.model) == mine
                 )
-                beyond = used + gang.devices - teams.nominal(team, mine)
-                borrowed = max(0, min(gang.devices, beyond))
+                beyond = used + gang.gpus - teams.nominal(team, mine)
+                borrowed = max(0, min(gang.gpus, beyond))
         held.append(
             Held(
                 gang.gang_id,
                 team,
                 device_class,
                 model,
-                gang.devices,
+                gang.gpus,
                 gang.priority,
                 preemptible=True,
                 acquired_at=gang.started_s,
                 borrowed=borrowed,
                 lender=lender,
-                work_at_risk_s=gang.work_at_risk_s,
+                work_at_risk_s=max(0.0, now - gang.last_checkpoint_s),
             )
         )
     return held
