@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from tideflow.backends.protocol import Backend
 from tideflow.checkpoint.recency import work_lost_at
 from tideflow.scheduling import Lease, LeaseLedger
-from tideflow.scheduling.ledger import EvictionRecord
+from tideflow.scheduling.ledger import Eviction
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ _NOT_DEAD = "some of its processes are not dead yet: its devices stay held"
 def _force(
     ledger: LeaseLedger,
     backend: Backend,
-    eviction: EvictionRecord,
+    eviction: Eviction,
     lease: Lease,
     clock: Callable[[], float],
 ) -> EvictionStep:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 
 from tideflow.scheduling import journal
 from tideflow.scheduling.model import GangRequest, Lease, Refusal
@@ -21,18 +20,6 @@ from tideflow.scheduling.placement import place, without_nodes
 from tideflow.scheduling.preemption import Eviction, candidates, victims
 from tideflow.scheduling.quota import Grant, admit, shrink_to
 from tideflow.scheduling.snapshot import LedgerSnapshot
-
-
-@dataclass(frozen=True)
-class EvictionRecord:
-    """A gang the ledger asked to stop so that ``by_gang`` can start."""
-
-    gang_id: str
-    by_gang: str
-    reason: str
-    requested_at: float
-    deadline: float  # stop it anyway after this (its uncommitted work is lost)
-    signalled: bool
 
 
 # -- who must stop (an admission step) ------------------------------------------------
@@ -104,14 +91,14 @@ def ask_to_stop(  # noqa: PLR0917 (an eviction row's facts)
     return True
 
 
-def listed(db: sqlite3.Connection) -> list[EvictionRecord]:
+def listed(db: sqlite3.Connection) -> list[Eviction]:
     """Every eviction, oldest first."""
     rows = db.execute(
         "SELECT gang_id, by_gang, reason, requested_at, deadline, signalled "
         "FROM evictions ORDER BY requested_at"
     ).fetchall()
     return [
-        EvictionRecord(str(g), str(b), str(r), float(a), float(d), bool(s))
+        Eviction(str(g), str(r), float(d) - float(a), str(b), float(a), bool(s))
         for g, b, r, a, d, s in rows
     ]
 

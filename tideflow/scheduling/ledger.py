@@ -35,9 +35,9 @@ from pathlib import Path
 
 from tideflow.inventory import Inventory
 from tideflow.scheduling import admission, evictions, journal, snapshot, state, usage
-from tideflow.scheduling.evictions import EvictionRecord
 from tideflow.scheduling.journal import LedgerEvent
 from tideflow.scheduling.model import DeviceUsage, GangRequest, Lease, Refusal, WorkerPlacement
+from tideflow.scheduling.preemption import Eviction
 from tideflow.scheduling.state import InventoryChangedError, inventory_fingerprint
 from tideflow.scheduling.teams import Teams
 from tideflow.scheduling.usage import UsageSpan
@@ -232,7 +232,7 @@ class LeaseLedger:
             return used
 
     # -- evictions: carried out by the gang layer, which can signal gangs --------------------
-    def evictions(self) -> list[EvictionRecord]:
+    def evictions(self) -> list[Eviction]:
         with state.transaction(self.path) as db:
             self._expire(db, self.clock())
             return evictions.listed(db)
@@ -285,7 +285,7 @@ class LeaseLedger:
 
 
 __all__ = [
-    "EvictionRecord",
+    "Eviction",
     "InventoryChangedError",
     "LeaseLedger",
     "LeaseLostError",

@@ -28,9 +28,21 @@ from tideflow.scheduling.teams import Held, Teams, least, usage
 
 @dataclass(frozen=True)
 class Eviction:
+    """A gang to ask to stop, why, and how long it has to checkpoint first; as the ledger
+    records it (``LeaseLedger.evictions``), also for whom, when, and whether its workers
+    were signalled."""
+
     gang_id: str
     reason: str
     grace_s: float
+    by_gang: str = ""  # the gang it makes room for, once recorded
+    requested_at: float = 0.0  # once recorded
+    signalled: bool = False
+
+    @property
+    def deadline(self) -> float:
+        """When it is stopped anyway (its uncommitted work is lost)."""
+        return self.requested_at + self.grace_s
 
 
 def within_quota(teams: Teams, request: GangRequest, held: Sequence[Held]) -> bool:
