@@ -37,7 +37,7 @@ from tideflow.backends import process_groups
 from tideflow.backends.failures import FailureSignature, first_cause, is_deterministic, signature
 from tideflow.backends.process_groups import Group
 from tideflow.backends.protocol import GangJob, GangState, GangStatus
-from tideflow.backends.supervisor_lease import HeldLease
+from tideflow.backends.supervisor_lease import LeaseRenewal
 from tideflow.backends.worker_env import free_port, worker_env
 from tideflow.config import EXIT_HUNG, PROGRESS_FILE_ENV
 
@@ -64,7 +64,7 @@ class Supervisor:
         self.device_seconds = 0.0
         self.attempt_started: float | None = None
         self.devices = self.job.devices_held
-        self.lease = HeldLease(self.job)
+        self.lease = LeaseRenewal(self.job)
         self.log_lock = threading.Lock()
         self.gang_log = open(directory / "gang.log", "a", encoding="utf-8")  # noqa: SIM115
         self.pumps: list[threading.Thread] = []

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from tideflow.scheduling import LeaseLedger
 
 
-class HeldLease:
+class LeaseRenewal:
+    """A supervisor's renewing of its gang's lease in the ledger (nothing to renew when
+    the gang holds none)."""
+
     def __init__(self, job: GangJob) -> None:
         self.job = job
         self.next_renewal = 0.0

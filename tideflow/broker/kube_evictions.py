@@ -17,7 +17,7 @@ from tideflow.steps.context import GANG_LABEL
 
 
 @dataclass
-class Evictions:
+class PodEvictions:
     """What evicting gangs did: the pods evicted and their GPUs, the pods a PDB kept
     past the deadline and the nodes they still run on."""
 
@@ -26,7 +26,7 @@ class Evictions:
     gpus: int = 0
     kept_on: set[str] = field(default_factory=set)
 
-    def add(self, other: Evictions) -> None:
+    def add(self, other: PodEvictions) -> None:
         self.evicted += other.evicted
         self.refused += other.refused
         self.gpus += other.gpus
@@ -51,7 +51,9 @@ class Evictor:
         self.clock = clock
         self.sleep = sleep
 
-    def evict_gang(self, gang_id: str, deadline: float, grace_s: float | None = None) -> Evictions:
+    def evict_gang(
+        self, gang_id: str, deadline: float, grace_s: float | None = None
+    ) -> PodEvictions:
         """Evict the gang's pods, retrying a PDB's refusal until ``deadline``; with
         ``grace_s``, its pods get that long to stop (the Eviction's DeleteOptions), else
         their own terminationGracePeriodSeconds."""
@@ -67,7 +69,7 @@ class Evictor:
         # Job that replaces it counts the abort as the broker's then), and take the mark
         # back if no pod went, whatever happened meanwhile.
         marked = self.volcano.mark(gang_id) if pods and self.volcano is not None else None
-        done = Evictions()
+        done = PodEvictions()
         try:
             self.evict_pods(pods, deadline, options, done)
         finally:
@@ -75,11 +77,13 @@ class Evictor:
                 self.volcano.unmark(gang_id, marked)
         return done
 
-    def evict_pods(self, pods: list[Any], deadline: float, options: Any, done: Evictions) -> None:
+    def evict_pods(
+        self, pods: list[Any], deadline: float, options: Any, done: PodEvictions
+    ) -> None:
         for pod in pods:
             self._evict_pod(pod, deadline, options, done)
 
-    def _evict_pod(self, pod: Any, deadline: float, options: Any, done: Evictions) -> None:
+    def _evict_pod(self, pod: Any, deadline: float, options: Any, done: PodEvictions) -> None:
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tideflow.broker.kube_evictions import Evictions, Evictor
+from tideflow.broker.kube_evictions import Evictor, PodEvictions
 from tideflow.broker.kube_target import ClusterTarget
 from tideflow.kube.client import MERGE
 
@@ -57,10 +57,10 @@ class InferenceService:
             and p.status.phase in ("Pending", "Running")
         ]
 
-    def vacate(self, nodes: set[str], evictor: Evictor, deadline: float) -> Evictions:
+    def vacate(self, nodes: set[str], evictor: Evictor, deadline: float) -> PodEvictions:
         """Evict the replicas left on ``nodes`` (given back to training), a PDB's refusal
         retried until ``deadline``; each pod keeps its own termination grace."""
-        done = Evictions()
+        done = PodEvictions()
         if nodes:
             evictor.evict_pods(self.replicas_on(nodes, evictor.core), deadline, None, done)
         return done

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tideflow.broker.kube_evictions import Evictions, Evictor
+from tideflow.broker.kube_evictions import Evictor, PodEvictions
 from tideflow.broker.kube_pools import NodePools
 from tideflow.broker.kube_target import POOL, few
 from tideflow.broker.tenant import (
@@ -168,12 +168,12 @@ class InferenceTenant:
         wanted: int,
         total: int,
         started: float,
-    ) -> tuple[int, Evictions, str]:
+    ) -> tuple[int, PodEvictions, str]:
         """Grow as inference's tenant: evict the borrowers, then take the nodes they
         emptied (appended to ``inference``). The GPUs held then, what the evictions did,
         and the note's words when it falls short."""
         growth = self.plan_growth(training, have, wanted, total)
-        done = Evictions()
+        done = PodEvictions()
         for eviction in growth.evictions:  # each waits its own rule's grace
             done.add(
                 self.evictor.evict_gang(
@@ -195,7 +195,7 @@ class InferenceTenant:
         return have, done, note
 
     @staticmethod
-    def _kept(taking: list[Any], busy: set[str], done: Evictions) -> list[str]:
+    def _kept(taking: list[Any], busy: set[str], done: PodEvictions) -> list[str]:
         """Why nodes meant for inference stayed training's after the evictions."""
         kept = sorted(n.metadata.name for n in taking if n.metadata.name in done.kept_on)
         other = sorted(

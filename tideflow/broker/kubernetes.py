@@ -27,7 +27,7 @@ from typing import Any
 
 from tideflow.broker.actuator import Applied
 from tideflow.broker.journal import PreemptionCount
-from tideflow.broker.kube_evictions import Evictions, Evictor
+from tideflow.broker.kube_evictions import Evictor, PodEvictions
 from tideflow.broker.kube_inference import InferenceService
 from tideflow.broker.kube_kueue_counts import kueue_preemption_counts
 from tideflow.broker.kube_pools import NodePools
@@ -61,8 +61,8 @@ __all__ = [
     "QUEUE_KINDS",
     "TAINT_KEY",
     "ClusterTarget",
-    "Evictions",
     "KubernetesActuator",
+    "PodEvictions",
     "TrainingQueueRefusedError",
     "target_from_env",
 ]
@@ -222,12 +222,12 @@ class KubernetesActuator:
         have: int,
         wanted: int,
         started: float,
-    ) -> tuple[int, Evictions, str]:
+    ) -> tuple[int, PodEvictions, str]:
         """Evict the decision's reclaimed gangs, then take whole empty nodes (the ones
         the evictions emptied; by name for a stable order): a node still running a pod
         would put inference's replicas beside its workers. What is still busy is a
         shortfall."""
-        done = Evictions()
+        done = PodEvictions()
         deadline = started + self.grace_s
         for reclaim in decision.reclaims:
             if reclaim.evicted:
@@ -267,7 +267,7 @@ class KubernetesActuator:
         inference = [n for n in nodes if self.pools.pool(n) == "inference"]
         training = [n for n in nodes if self.pools.pool(n) != "inference"]
         have = sum(self.pools.gpus(n) for n in inference)
-        done = Evictions()
+        done = PodEvictions()
         wanted, note = decision.inference_gpus, ""
         if self.rules is not None:
             wanted, note = self.rules.within_rules(wanted, total)
@@ -295,7 +295,7 @@ class KubernetesActuator:
 
     @staticmethod
     def _applied(
-        inference: list[Any], done: Evictions, note: str, *, have: int, total: int, quota: int
+        inference: list[Any], done: PodEvictions, note: str, *, have: int, total: int, quota: int
     ) -> Applied:
         return Applied(
             have,
