@@ -23,10 +23,13 @@ from tideflow.scheduling import GangRequest, Lease, LeaseLedger
 
 pytestmark = pytest.mark.processes
 
+# It says it is ready once it ignores the signals: a gang seen running may not have
+# got that far yet on a busy machine, and would die of the first SIGTERM.
 HUNG = (
-    "import signal, time\n"
+    "import os, pathlib, signal, time\n"
     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+    "pathlib.Path(os.environ['HUNG_READY']).touch()\n"
     "time.sleep(120)\n"
 )
 
@@ -38,13 +41,14 @@ def test_a_forced_stop_loses_the_work_since_the_newest_checkpoint(tmp_path: Path
     lease = ledger.try_acquire(GangRequest("hung", "default", "gpu", None, 1, 2), "op", 600)
     assert isinstance(lease, Lease)
     store = (tmp_path / "ckpt").as_uri()
+    ready = tmp_path / "ready"
     time.sleep(1.0)  # the gang has run a while before its checkpoint
     checkpoint = CheckpointManager(store).save(10, {"model": b"weights"})
     backend.submit(
         GangJob(
             "hung",
             (sys.executable, "-c", HUNG),
-            {CHECKPOINT_URI_ENV: store},
+            {CHECKPOINT_URI_ENV: store, "HUNG_READY": str(ready)},
             (WorkerSlot(0, "n0", (0, 1)),),
             "gpu",
             True,
@@ -53,11 +57,10 @@ def test_a_forced_stop_loses_the_work_since_the_newest_checkpoint(tmp_path: Path
         )
     )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        status = backend.status("hung")
-        if status is not None and status.state is GangState.RUNNING:
-            break
+    while time.monotonic() < deadline and not ready.exists():
         time.sleep(0.1)
+    status = backend.status("hung")
+    assert status is not None and status.state is GangState.RUNNING
     assert ledger.evict("hung", "urgent", "test: preempted", grace_s=0.5)
     steps = enforce_evictions(ledger, backend)
     assert [s.action for s in steps] == ["asked"]
