@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,26 @@ def test_each_step_journals_the_gpus_training_held_and_the_gpus_it_evicted(
     assert applied.stopped_gpus == 16
     (entry,) = journal.since(0.0)
     assert (entry.training_gpus, entry.stopped_gpus) == (4, 16)
+
+
+def test_one_observation_lists_the_nodes_and_the_pods_once(
+    cluster: tuple[Cluster, Any], tmp_path: Path
+) -> None:
+    """What a step asks of the cluster (inference's GPUs, the idle ones, empty and pinned
+    nodes, the gangs, the lend bound) is answered from one listing of the nodes and one of
+    the pods: the answers agree with each other, and the API server is asked twice, not
+    once per question (the old code listed the nodes 6 times and the pods 3)."""
+    from tideflow.broker.service import peek
+
+    fake, api = cluster
+    fake.start_gangs()
+    actuator = actuator_for(fake, api)
+    seen = len(fake.fake.requests)
+    peek(FLAT, actuator, CONFIG, DecisionJournal(tmp_path / "broker.db"), now_s=7200.0)
+    lists = Counter(r.resource for r in fake.fake.requests[seen:] if r.verb == "list")
+    assert (lists["nodes"], lists["pods"]) == (1, 1)
+    assert actuator.total_gpus() == 32  # outside an observation, read afresh
+    assert Counter(r.resource for r in fake.fake.requests[seen:])["nodes"] == 2
 
 
 def test_the_kubernetes_broker_weighs_its_journal_against_the_budget(

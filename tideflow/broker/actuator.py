@@ -7,6 +7,7 @@ decision with an ``Applied``.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,6 +53,9 @@ class Actuator(Protocol):
     def idle_training_gpus(self) -> int: ...
     def gangs(self) -> tuple[GangView, ...]: ...
     def apply(self, decision: BrokerDecision) -> Applied: ...
+    # Inside it, what the step reads is read once: one view of where it acts, for the
+    # whole observation (a cluster's nodes and pods listed once, not per question).
+    def observing(self) -> AbstractContextManager[None]: ...
     # Training nodes no gang holds (None: the actuator does not place by node), and
     # those holding a lease the broker may not stop.
     def empty_nodes(self) -> int | None: ...

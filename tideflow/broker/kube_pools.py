@@ -7,7 +7,8 @@ same key and value that keeps pods of no pool off.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC
 from typing import Any
 
@@ -86,8 +87,30 @@ class NodePools:
     def __init__(self, core: Any, target: ClusterTarget) -> None:
         self.core = core
         self.target = target
+        self._read: dict[str, list[Any]] | None = None  # inside ``reading``: what was listed
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Inside it, the nodes and the training pool's pods are listed once: one view of
+        the cluster for a whole observation, and two API calls instead of one per
+        question asked of it."""
+        self._read = {}
+        try:
+            yield
+        finally:
+            self._read = None
+
+    def _listed(self, what: str, read: Callable[[], list[Any]]) -> list[Any]:
+        if self._read is None:
+            return read()
+        if what not in self._read:
+            self._read[what] = read()
+        return self._read[what]
 
     def gpu_nodes(self) -> list[Any]:
+        return self._listed("nodes", self._list_gpu_nodes)
+
+    def _list_gpu_nodes(self) -> list[Any]:
         nodes = self.core.list_node(label_selector=self.target.node_selector).items
         return sorted(nodes, key=lambda n: n.metadata.name)
 
@@ -139,6 +162,9 @@ class NodePools:
         return tuple(views)
 
     def training_pods(self) -> list[Any]:
+        return self._listed("pods", self._list_training_pods)
+
+    def _list_training_pods(self) -> list[Any]:
         training = {n.metadata.name for n in self.gpu_nodes() if self.pool(n) != "inference"}
         pods = self.core.list_namespaced_pod(self.target.namespace).items
         return [

@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from tideflow.broker.actuator import Applied
@@ -203,6 +204,10 @@ class KubernetesActuator:
     def gangs(self) -> tuple[GangView, ...]:
         """Gangs on the training pool (``NodePools.gangs``)."""
         return self.pools.gangs(self.pools.training_pods())
+
+    def observing(self) -> AbstractContextManager[None]:
+        """The nodes and the training pool's pods listed once (``NodePools.reading``)."""
+        return self.pools.reading()
 
     # -- acting -------------------------------------------------------------------------
     def _set_pool(self, node: Any, pool: str) -> None:

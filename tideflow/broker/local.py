@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 from tideflow.backends.protocol import Backend
 from tideflow.broker.actuator import Applied
@@ -104,6 +105,10 @@ class LocalActuator:
         return sum(
             n.devices for n in self.ledger.inventory.nodes if n.device_class == self.device_class
         )
+
+    def observing(self) -> AbstractContextManager[None]:
+        """Nothing to hold: the ledger answers each question from one SQLite read."""
+        return nullcontext()
 
     def gangs(self) -> tuple[GangView, ...]:
         """Training (and spare) leases as the policy sees them.

@@ -268,10 +268,11 @@ def _decided(
     """The decision now and what it was made from, its reason saying which per-GPU
     throughput and lend bound it was made with."""
     config, learned = with_learned_throughput(load, config, journal, now_s)
-    bound = lend_bound(load, actuator, config, now_s, journal)
-    snapshot = observe(
-        load, actuator, config, journal, now_s, lend_margin=bound.margin if bound else 0.0
-    )
+    with actuator.observing():
+        bound = lend_bound(load, actuator, config, now_s, journal)
+        snapshot = observe(
+            load, actuator, config, journal, now_s, lend_margin=bound.margin if bound else 0.0
+        )
     decision = decide(snapshot, config)
     notes = [x.reason for x in (learned, bound) if x is not None]
     if notes:
