@@ -22,6 +22,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tideflow.broker.load import LoadSample
 
@@ -95,6 +96,36 @@ class JumpModel:
     loss: float | None  # its mean quantile loss over the past week (how it was chosen)
 
 
+# Shared by every forecaster: the broker makes one per step, and a fit holds for
+# `refit_windows` windows (the same history gives the same fit).
+@lru_cache(maxsize=64)
+def _fit(
+    values: tuple[float | None, ...], level_windows: tuple[int, ...], ahead: int, quantile: float
+) -> JumpModel:
+    ahead_max = _trailing_max(values, ahead)
+    # Evaluate at index i whose next `ahead` windows precede the fit's slot.
+    indices = range(level_windows[-1] - 1, len(values) - ahead)
+    best: JumpModel | None = None
+    for span in level_windows:
+        levels = _trailing_max(values, span)
+        pairs = [
+            (nxt, level)
+            for i in indices
+            if values[i] is not None
+            and (level := levels[i])
+            and (nxt := ahead_max[i + ahead]) is not None
+        ]
+        if len(pairs) < 36:
+            continue
+        factor = max(1.0, _quantile([n / b for n, b in pairs], quantile))
+        loss = sum(_pinball(n, factor * b, quantile) for n, b in pairs) / len(pairs)
+        if best is None or best.loss is None or loss < best.loss:
+            best = JumpModel(span, factor, loss)
+    if best is None:  # under six hours of history: a conservative default
+        best = JumpModel(level_windows[0], 1.5, None)
+    return best
+
+
 class LoadForecaster:
     def __init__(
         self,
@@ -116,7 +147,6 @@ class LoadForecaster:
         # The jump model is refitted every `refit_windows` windows from the history
         # before that slot, so a replay at any slot gives the same answer.
         self.refit_windows = max(1, refit_windows)
-        self._fitted: dict[tuple[object, ...], JumpModel] = {}
 
     def _slot(self, t: float) -> int:
         return round(t / self.window_s)
@@ -149,38 +179,9 @@ class LoadForecaster:
         capacity held above the load and, more heavily, the load a bound missed.
         """
         fit_slot = now_slot - now_slot % self.refit_windows
-        widest = self.level_windows[-1]
-        first = fit_slot - self.jump_windows - ahead - widest + 1
-        values = [rates.get(slot) for slot in range(first, fit_slot)]
-        key = (fit_slot, ahead, quantile, tuple(values))
-        fitted = self._fitted.get(key)
-        if fitted is not None:
-            return fitted
-        ahead_max = _trailing_max(values, ahead)
-        # Evaluate at index i (slot first + i) whose next `ahead` windows precede fit_slot.
-        indices = range(widest - 1, len(values) - ahead)
-        best: JumpModel | None = None
-        for span in self.level_windows:
-            levels = _trailing_max(values, span)
-            pairs = [
-                (nxt, level)
-                for i in indices
-                if values[i] is not None
-                and (level := levels[i])
-                and (nxt := ahead_max[i + ahead]) is not None
-            ]
-            if len(pairs) < 36:
-                continue
-            factor = max(1.0, _quantile([n / b for n, b in pairs], quantile))
-            loss = sum(_pinball(n, factor * b, quantile) for n, b in pairs) / len(pairs)
-            if best is None or best.loss is None or loss < best.loss:
-                best = JumpModel(span, factor, loss)
-        if best is None:  # under six hours of history: a conservative default
-            best = JumpModel(self.level_windows[0], 1.5, None)
-        if len(self._fitted) > 64:
-            self._fitted.clear()
-        self._fitted[key] = best
-        return best
+        first = fit_slot - self.jump_windows - ahead - self.level_windows[-1] + 1
+        values = tuple(rates.get(slot) for slot in range(first, fit_slot))
+        return _fit(values, self.level_windows, ahead, quantile)
 
     def forecast(
         self,
