@@ -101,27 +101,13 @@ def borrowers(
         team = gang.team if gang.team is not None and teams.governs(gang.team) else ""
         borrowed, lender = 0, None
         if team:
-            request = GangRequest(
-                gang.gang_id,
-                team,
-                device_class,
-                model,
-                1,
-                gang.gpus,
-                gang.priority,
-            )
+            gpus, priority = gang.gpus, gang.priority
+            request = GangRequest(gang.gang_id, team, device_class, model, 1, gpus, priority)
             grant = admit(teams, request, held)
             if isinstance(grant, Grant):
                 borrowed, lender = grant.borrowed, grant.lender
             else:
-                mine = teams.key(team, device_class, model)
-                used = sum(
-                    h.devices
-                    for h in held
-                    if h.team == team and teams.key(h.team, h.device_class, h.model) == mine
-                )
-                beyond = used + gang.gpus - teams.nominal(team, mine)
-                borrowed = max(0, min(gang.gpus, beyond))
+                borrowed = _beyond_quota(teams, held, request)
         held.append(
             Held(
                 gang.gang_id,
@@ -138,6 +124,17 @@ def borrowers(
             )
         )
     return held
+
+
+def _beyond_quota(teams: Teams, held: Sequence[Held], request: GangRequest) -> int:
+    """What a gang the rules would not have admitted holds beyond its team's quota."""
+    team, mine = request.team, teams.key(request.team, request.device_class, request.model)
+    used = sum(
+        h.devices
+        for h in held
+        if h.team == team and teams.key(h.team, h.device_class, h.model) == mine
+    )
+    return max(0, min(request.devices, used + request.devices - teams.nominal(team, mine)))
 
 
 def reclaim(
