@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 # a whole module (its fixtures start once). TEST_JOBS=0 runs in this process.
 TEST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_JOBS)
+# Bytecode is written and reused: where PYTHONDONTWRITEBYTECODE is set, each test worker
+# and each process a test starts would compile tideflow and rewrite the tests' asserts
+# again (collecting the unit tier: 22 s, 12 s with the cache).
+unexport PYTHONDONTWRITEBYTECODE
 .DEFAULT_GOAL := help
 
 .PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast test-processes test-servers test-research test-torch-low lint fmt schema constraints bench docs clean
