@@ -68,12 +68,14 @@ def drive(
     *,
     stop: threading.Event,
     say: Callable[[str], None] = print,
-    poll_s: float = POLL_S,
+    poll_s: float | None = None,
 ) -> GangStatus:
-    """Submit ``job`` and follow it until it ends; resubmit it when it is preempted.
+    """Submit ``job`` and follow it, every ``poll_s`` (default ``POLL_S``), until it ends;
+    resubmit it when it is preempted.
 
     Raises ``StoppedError`` after deleting the gang when ``stop`` is set.
     """
+    poll_s = POLL_S if poll_s is None else poll_s  # read when called, not when defined
     status: GangStatus = backend.submit(job)
     say(f"tideflow: gang {job.gang_id} is {status.state} ({job.workers} worker(s))")
     seen = (status.state, status.restarts)
