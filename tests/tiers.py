@@ -29,6 +29,7 @@ import multiprocessing.process
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,14 +59,17 @@ def tier_of(item: pytest.Item) -> str:
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank: dict[str, int] = {}
+    size: Counter[str] = Counter()
     for item in items:
         tier = tier_of(item)
         item.add_marker(tier)
         unit = work_unit(item.nodeid)
         rank[unit] = min(rank.get(unit, len(TIERS)), TIERS.index(tier))
-    # The costliest work units first (the longest first is the best greedy order for
-    # two workers); stable, so a module keeps its own order.
-    items.sort(key=lambda item: rank[work_unit(item.nodeid)])
+        size[unit] += 1
+    # The costliest work units first, the costliest tier first and, within a tier, the
+    # most tests first (the longest first is the best greedy order for the workers);
+    # stable, so a module keeps its own order.
+    items.sort(key=lambda item: (rank[work_unit(item.nodeid)], -size[work_unit(item.nodeid)]))
 
 
 def work_unit(nodeid: str) -> str:
