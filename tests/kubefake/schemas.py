@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,11 +201,7 @@ class Validator:
             raise invalid(kind, group, name, problems)
 
     def _check_core(self, obj: dict[str, Any]) -> None:
-        import kubernetes_validate
-
-        try:
-            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
+        for exc in core_errors(obj):
             path = ".".join(str(p) for p in exc.path)
             if exc.validator == "additionalProperties":
                 field = str(exc.message).split("'")[1] if "'" in str(exc.message) else ""
@@ -212,6 +210,33 @@ class Validator:
             raise invalid(
                 self.resource.kind, self.resource.group, name, [f"{path}: {exc.message}"]
             ) from None
+
+
+def core_errors(obj: dict[str, Any]) -> Iterator[Any]:
+    """What kubernetes-validate finds wrong with a core object (strict, ``K8S_VERSION``),
+    first problem first, as its ``validate`` raises it."""
+    return _core_validator(obj["kind"], obj["apiVersion"]).iter_errors(obj)
+
+
+@functools.cache
+def _core_validator(kind: str, api_version: str) -> Any:
+    """kubernetes-validate's strict schema of ``kind``, its definitions loaded once: its
+    ``validate`` reads the multi-megabyte definitions again on every call, which was most
+    of a core write's time in the fake."""
+    from jsonschema.validators import Draft202012Validator
+    from kubernetes_validate.utils import all_versions, major_minor, schema_contents
+    from referencing import Registry
+    from referencing import Resource as SchemaResource
+
+    version = [v for v in all_versions() if major_minor(v) <= K8S_VERSION][-1]
+    folder = f"kubernetes-json-schema/v{version}-local-strict"
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    schema = schema_contents(f"{folder}/{kind.lower()}-{group_version}.json", K8S_VERSION)
+    definitions = schema_contents(f"{folder}/_definitions.json", K8S_VERSION)
+    registry = SchemaResource.from_contents(schema) @ (
+        SchemaResource.from_contents(definitions) @ Registry()
+    )
+    return Draft202012Validator(schema, registry=registry)
 
 
 @functools.cache
