@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -286,3 +287,30 @@ def test_a_gang_that_committed_no_checkpoint_fails_the_step_saying_what_to_call(
     watcher.join(5)
     assert "declared optional: going on" in capsys.readouterr().err
     assert (tmp_path / "outputs" / "checkpoint").read_text() == ""
+
+
+def test_the_driver_polls_at_the_poll_interval_set_after_import(
+    fake: KubeFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``POLL_S`` is read when the driver polls: set after import, it is the interval
+    (the old code bound it as drive()'s default, so a changed value never reached it)."""
+    monkeypatch.setattr("tideflow.gangs.driver.POLL_S", 0.05)
+    polls: list[float] = []
+
+    class CountingBackend(KubernetesBackend):
+        def status(self, gang_id: str) -> Any:
+            polls.append(time.monotonic())
+            return super().status(gang_id)
+
+    stop = threading.Event()
+
+    timer = threading.Timer(1.0, stop.set)
+
+    def submitted(_line: str) -> None:  # its first line: the gang was submitted
+        if not timer.is_alive() and not stop.is_set():
+            timer.start()
+
+    backend = CountingBackend(fake.client(DRIVER), SETTINGS)
+    with pytest.raises(StoppedError):
+        drive(backend, resolved("wf-poll").cluster_job(), stop=stop, say=submitted)
+    assert len(polls) >= 5  # a second at 0.05 s; none at the old 5 s
