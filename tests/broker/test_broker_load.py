@@ -16,6 +16,7 @@ import threading
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -356,3 +357,26 @@ def test_a_query_prometheus_fails_to_execute_is_a_gap_not_an_error(
     broker survives (it holds), rather than an error that stops it."""
     load = PrometheusLoad(prometheus_rules, "histogram_quantile(0.99, heavy)", window_s=60)
     assert load.samples(0, 180) == [LoadSample(t, None) for t in (0, 60, 120)]
+
+
+def test_a_forecaster_per_step_fits_the_week_once_per_refit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker makes a new forecaster every step. The week's fit depends only on the
+    history before its refit slot, so the six steps of one refit window fit it once (the
+    old code kept the fit on the forecaster, and fitted again every step)."""
+    from tideflow.broker import forecast
+
+    fits: list[int] = []
+    trailing_max = forecast._trailing_max
+
+    def counted(values: Any, width: int) -> Any:
+        fits.append(width)
+        return trailing_max(values, width)
+
+    monkeypatch.setattr(forecast, "_trailing_max", counted)
+    history = SyntheticLoad(mean_rps=700, seed=11).samples(0, 9 * 86400)
+    first = 8 * 144  # a refit slot (a multiple of refit_windows)
+    for index in range(first, first + 6):
+        LoadForecaster(600, quantile=0.97).forecast(history[:index], index * 600.0, 600)
+    assert len(fits) == len(LoadForecaster(600).level_windows) + 1  # one fit
