@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -106,6 +108,29 @@ def test_rng_state_round_trips_through_weights_only_load(tmp_path: object) -> No
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], again[0])
     assert np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("compiler_loaded", [False, True])
+def test_seeding_makes_torch_and_a_later_compile_deterministic_without_loading_the_compiler(
+    compiler_loaded: bool,
+) -> None:
+    """In a fresh interpreter, as in a gang worker: loading Inductor only to set its flag
+    cost every worker 2 s of its start."""
+    code = (
+        "import sys, torch\n"
+        + ("import torch._inductor.config\n" if compiler_loaded else "")
+        + "from tideflow.runtime import seed_everything\n"
+        "seed_everything(1)\n"
+        "print(torch.are_deterministic_algorithms_enabled(),"
+        " torch.is_deterministic_algorithms_warn_only_enabled(),"
+        " 'torch._inductor' in sys.modules)\n"
+        "import torch._inductor.config as inductor\n"
+        "print(inductor.deterministic)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", str(compiler_loaded), "True"]
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 from typing import Any
 
 import numpy as np
@@ -15,7 +17,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_algorithms()
+
+
+def deterministic_algorithms() -> None:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)``, without its import of
+    Inductor (the compiler stack: 2 s of every worker's start) to set Inductor's own flag.
+
+    Inductor reads that flag from TORCHINDUCTOR_DETERMINISTIC when first imported, so a
+    model compiled later is deterministic too; where it is imported already, torch's own
+    call sets it.
+    """
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return
+    os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
 
 
 def rng_state() -> dict[str, Any]:
