@@ -83,6 +83,7 @@ def test_data_prep_runs_the_digits_entry_point_and_writes_its_outputs(tmp_path: 
 
 @pytest.mark.processes
 def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFake) -> None:
+    from mlflow.artifacts import download_artifacts
     from mlflow.tracking import MlflowClient
 
     workflow, env = compiled(tmp_path)
@@ -147,6 +148,12 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     assert champion.tags["tideflow.checkpoint_step"] == str(best.step)
     assert champion.tags["tideflow.checkpoint_selected"] == "best"
     assert champion.tags["tideflow.training_task"] == "train"
+    # The example's builder states what loading the model needs, not what importing it
+    # happened to load (transformers, lightning, ... in a shared environment).
+    logged = client.get_logged_model(champion.source.removeprefix("models:/"))
+    requirements = Path(download_artifacts(f"{logged.artifact_location}/requirements.txt"))
+    names = sorted(line.split("==")[0] for line in requirements.read_text().split())
+    assert names == ["cloudpickle", "mlflow", "torch"], names
 
     # A retried promotion (same workflow run) registers nothing new and moves nothing.
     again = run_task(

@@ -121,6 +121,13 @@ def log_model(
     model.eval()
     x_val, _ = load_split(validation)
     with mlflow.start_run(run_id=run_id):
-        info = mlflow.pytorch.log_model(model, name="model", input_example=x_val[:5].numpy())
+        info = mlflow.pytorch.log_model(
+            model,
+            name="model",
+            input_example=x_val[:5].numpy(),
+            # Stated, not inferred: MLflow's inference imports the model in a subprocess
+            # (16 s per promotion) and lists whatever that import loaded.
+            pip_requirements=mlflow.pytorch.get_default_pip_requirements(),
+        )
     print(f"logged checkpoint step {manifest.step} as {info.model_uri}", flush=True)
     return {"model_uri": str(info.model_uri)}
