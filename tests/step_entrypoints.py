@@ -56,5 +56,8 @@ def log_constant_model(ctx: StepContext, run_id: str, **args: object) -> dict[st
             return [1] * len(model_input)
 
     with mlflow.start_run(run_id=run_id):
-        info = mlflow.pyfunc.log_model(name="model", python_model=Constant())
+        # stated, as the example builder does: inferring them imports the model in a process
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=Constant(), pip_requirements=["mlflow"]
+        )
     return {"model_uri": str(info.model_uri)}

@@ -109,7 +109,10 @@ def _build(builder: Any, args: dict[str, Any]) -> dict[str, Any]:
             return [1] * len(model_input)
 
     with mlflow.start_run(run_id=args["run_id"]):
-        info = mlflow.pyfunc.log_model(name="model", python_model=Constant())
+        # stated, as the example builder does: inferring them imports the model in a process
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=Constant(), pip_requirements=["mlflow"]
+        )
     return {"model_uri": info.model_uri}
 
 
