@@ -56,7 +56,7 @@ def record_gang_run(
     if not tracking_enabled() or not run_id:
         return
     try:  # metrics the gang could not deliver while MLflow was down
-        from tideflow.runtime.metrics import flush_spool
+        from tideflow.tracking.spool import flush_spool
 
         delivered = flush_spool(run_id)
         if delivered:

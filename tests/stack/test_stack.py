@@ -265,8 +265,9 @@ def test_bad_learning_rate_is_rejected_and_a_rerun_changes_nothing(stack: StackS
 def test_metrics_logged_during_an_mlflow_outage_arrive_later(
     stack: StackState, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from tideflow.runtime.metrics import MetricsLogger, flush_spool, spool_path
+    from tideflow.runtime.metrics import MetricsLogger
     from tideflow.stack.processes import free_port
+    from tideflow.tracking.spool import flush_spool, spool_path
 
     url = stack.services["mlflow"].url
 

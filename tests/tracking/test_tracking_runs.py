@@ -3,8 +3,14 @@ even when the DAG run's first tasks start at the same moment."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
+
+import pytest
 
 from tideflow.tracking.runs import (
     TAG_DAG_ID,
@@ -97,3 +103,17 @@ def test_closing_a_dag_run_merges_parents_created_twice() -> None:
         ).pipeline_run_id
         == first
     )
+
+
+@pytest.mark.processes
+def test_the_operator_delivers_a_gangs_spooled_metrics_without_importing_torch(
+    repo: Path,
+) -> None:
+    """The operator closing a gang step runs in an Airflow task: importing torch there, to
+    deliver metrics, cost each gang step seconds. Imported the way the operator does."""
+    source = (repo / "operators" / "gang_results.py").read_text()
+    found = re.search(r"from (\S+) import flush_spool", source)
+    assert found, "operators/gang_results.py no longer imports flush_spool"
+    code = f"import sys; from {found.group(1)} import flush_spool; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert done.stdout.strip() == "False"

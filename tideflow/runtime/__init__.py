@@ -14,10 +14,11 @@ from tideflow.runtime.health import (
     TrainingStalled,
     TrainingUnhealthy,
 )
-from tideflow.runtime.metrics import MetricsLogger, flush_spool
+from tideflow.runtime.metrics import MetricsLogger
 from tideflow.runtime.preemption import EXIT_PREEMPTED, EXIT_UNHEALTHY, PreemptionWatcher
 from tideflow.runtime.sampler import ResumableDistributedSampler, ResumableSampler
 from tideflow.runtime.seeding import rng_state, seed_everything, set_rng_state
+from tideflow.tracking.spool import flush_spool
 
 __all__ = [
     "EXIT_PREEMPTED",

@@ -3,7 +3,8 @@
 Records go to a queue that a background thread delivers in batches. While the
 MLflow server is unreachable they wait, with backoff, and are also appended to
 a spool file; whatever is still undelivered at the end stays in the spool, and
-``flush_spool`` (called by the operator when the gang finishes) delivers it.
+``tideflow.tracking.spool.flush_spool`` (called by the operator when the gang
+finishes) delivers it.
 
 Which run: the one the operator made (``MLFLOW_RUN_ID``). A gang started by
 something that makes no run, an Argo Workflow's resource step, names its
@@ -20,39 +21,13 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from tideflow import settings_registry as registry
 from tideflow.settings_registry.declared_worker import STEP_RUN_ENV
+from tideflow.tracking.spool import deliver, spool_path
 
 log = logging.getLogger("tideflow.runtime")
-
-
-def spool_path(run_id: str) -> Path:
-    home = Path(registry.optional_path("TIDEFLOW_HOME") or Path.cwd() / ".tideflow")
-    return home / "mlflow-spool" / f"{run_id}.jsonl"
-
-
-def _deliver(run_id: str, records: list[dict[str, Any]]) -> None:
-    from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient()
-    metrics = [
-        Metric(r["key"], float(r["value"]), int(r["ts"]), int(r["step"]))
-        for r in records
-        if r["kind"] == "metric"
-    ]
-    params = [Param(r["key"], str(r["value"])) for r in records if r["kind"] == "param"]
-    tags = [RunTag(r["key"], str(r["value"])) for r in records if r["kind"] == "tag"]
-    for start in range(0, max(len(metrics), 1), 900):  # MLflow caps a batch at 1000 items
-        client.log_batch(
-            run_id,
-            metrics=metrics[start : start + 900],
-            params=params if start == 0 else [],
-            tags=tags if start == 0 else [],
-        )
 
 
 def _own_step_run() -> str | None:
@@ -70,18 +45,6 @@ def _own_step_run() -> str | None:
         log.warning("tideflow: MLflow unreachable (%s); training runs untracked", exc)
         return None
     return ids.step_run_id
-
-
-def flush_spool(run_id: str) -> int:
-    """Deliver what a training run could not; returns the number of records delivered."""
-    path = spool_path(run_id)
-    if not path.exists():
-        return 0
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if records:
-        _deliver(run_id, records)
-    path.unlink()
-    return len(records)
 
 
 class MetricsLogger:
@@ -159,7 +122,7 @@ class MetricsLogger:
             if batch:
                 try:
                     assert self.run_id is not None
-                    _deliver(self.run_id, batch)
+                    deliver(self.run_id, batch)
                 except Exception as exc:
                     if spooled < len(batch):  # spool what is new since the last failure
                         path = spool_path(self.run_id or "unknown")
