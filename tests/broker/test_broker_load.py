@@ -12,6 +12,7 @@ import http.server
 import json
 import math
 import random
+import statistics
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tideflow.broker import (
     LoadForecaster,
@@ -74,6 +77,32 @@ def test_outage_windows_are_cleaned_using_the_past_only() -> None:
     # The first windows have no past to judge by: kept as they are.
     early = clean_outages([LoadSample(0, 5.0), LoadSample(600, 1000.0)])
     assert [s.rate for s in early] == [5.0, 1000.0]
+
+
+@given(
+    rates=st.lists(
+        st.one_of(st.none(), st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.floats(0, 1e4)),
+        max_size=300,
+    ),
+    lookback=st.integers(6, 40),
+    fraction=st.sampled_from([0.1, 0.5, 0.9]),
+)
+def test_outage_cleaning_judges_each_window_by_the_median_of_the_kept_windows_before_it(
+    rates: list[float | None], lookback: int, fraction: float
+) -> None:
+    """Against the rule as stated: a window is a gap when below ``fraction`` of the median
+    of the last ``lookback`` windows kept (six at least) before it."""
+    kept: list[float] = []
+    expected: list[float | None] = []
+    for rate in rates:
+        past = kept[-lookback:]
+        outage = rate is not None and len(past) >= 6 and rate < fraction * statistics.median(past)
+        expected.append(None if outage else rate)
+        if rate is not None and not outage:
+            kept.append(rate)
+    samples = [LoadSample(i * 600, r) for i, r in enumerate(rates)]
+    cleaned = clean_outages(samples, fraction=fraction, lookback=lookback)
+    assert [s.rate for s in cleaned] == expected
 
 
 def test_synthetic_load_is_seeded_and_range_independent() -> None:

@@ -17,8 +17,8 @@ load can drop to zero.
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,17 +47,27 @@ def clean_outages(
     Causal: each window is judged against the windows before it only.
     """
     cleaned: list[LoadSample] = []
-    recent: list[float] = []
+    recent: deque[float] = deque()  # the last ``lookback`` rates kept, oldest first
+    ordered: list[float] = []  # the same rates, sorted: the median without a sort per window
     for sample in samples:
         rate = sample.rate
-        if rate is not None and len(recent) >= 6 and rate < fraction * statistics.median(recent):
+        if rate is not None and len(recent) >= 6 and rate < fraction * _median(ordered):
             rate = None
         cleaned.append(LoadSample(sample.start_s, rate))
         if rate is not None:
             recent.append(rate)
+            bisect.insort(ordered, rate)
             if len(recent) > lookback:
-                recent.pop(0)
+                del ordered[bisect.bisect_left(ordered, recent.popleft())]
     return cleaned
+
+
+def _median(ordered: list[float]) -> float:
+    """``statistics.median`` of an already sorted list."""
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _quantile(values: list[float], q: float) -> float:
