@@ -74,3 +74,30 @@ def test_the_local_broker_grows_onto_a_node_it_empties_not_onto_spread_idle_gpus
     assert decision.inference_gpus == 4 and applied is not None and applied.complete
     assert actuator.inference_gpus() == 4
     assert len(decision.reclaims) == 1 and decision.reclaims[0].gang_id in {"a", "b"}
+
+
+def test_one_observation_reads_the_leases_once(tmp_path: Path) -> None:
+    """What a step asks of the ledger (inference's GPUs, the idle ones, the pinned nodes,
+    the gangs) is answered from one read of the leases, so the answers agree: the old
+    code read them once per question, four times in this step."""
+    from tideflow.broker.service import peek
+
+    nodes = tuple(Node(f"n{i}", 8, "gpu", "T4", 2) for i in range(4))
+    ledger = LeaseLedger(tmp_path / "leases.db", Inventory("lab", nodes, declared=True))
+    lease = ledger.try_acquire(GangRequest("train", "vision", "gpu", None, 1, 2), "test", 600.0)
+    assert isinstance(lease, Lease)
+    reads = 0
+    read_leases = ledger.leases
+
+    def counted() -> list[Lease]:
+        nonlocal reads
+        reads += 1
+        return read_leases()
+
+    ledger.leases = counted  # type: ignore[method-assign]
+    actuator = LocalActuator(ledger, None, node_gpus=2, poll_s=0.01)
+    config = replace(CONFIG, total_gpus=8, node_gpus=2, min_inference_gpus=2)
+    journal = DecisionJournal(tmp_path / "broker.db")
+    peek(WindowedLoad(12.0, ended_only=True), actuator, config, journal, now_s=7200.0)
+    assert reads == 1
+    assert actuator.idle_training_gpus() == 6 and reads == 2  # outside one, read afresh

@@ -26,8 +26,8 @@ quota, nor stop a gang that runs within its own team's.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from tideflow.backends.protocol import Backend
 from tideflow.broker.actuator import Applied
@@ -71,6 +71,7 @@ class LocalActuator:
         self.sleep = sleep
         # gang id -> the URI of its checkpoint store (LocalBackend.checkpoint_store)
         self.checkpoint_store = checkpoint_store
+        self._observed: list[Lease] | None = None  # the leases read for an observation
 
     # -- reading the ledger -------------------------------------------------------------
     @property
@@ -93,7 +94,8 @@ class LocalActuator:
         return 0
 
     def _of_class(self) -> list[Lease]:
-        return [lease for lease in self.ledger.leases() if lease.device_class == self.device_class]
+        leases = self.ledger.leases() if self._observed is None else self._observed
+        return [lease for lease in leases if lease.device_class == self.device_class]
 
     def reservations(self) -> list[Lease]:
         return [x for x in self._of_class() if x.gang_id.startswith(INFERENCE_PREFIX)]
@@ -106,9 +108,15 @@ class LocalActuator:
             n.devices for n in self.ledger.inventory.nodes if n.device_class == self.device_class
         )
 
-    def observing(self) -> AbstractContextManager[None]:
-        """Nothing to hold: the ledger answers each question from one SQLite read."""
-        return nullcontext()
+    @contextmanager
+    def observing(self) -> Iterator[None]:
+        """The leases read once for the observation, so that its answers agree with each
+        other (a gang may take or free devices between two reads)."""
+        self._observed = self.ledger.leases()
+        try:
+            yield
+        finally:
+            self._observed = None
 
     def gangs(self) -> tuple[GangView, ...]:
         """Training (and spare) leases as the policy sees them.
