@@ -15,7 +15,7 @@ import subprocess
 import sys
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -67,14 +67,34 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return report(root)
 
 
-@pytest.mark.timeout(90)
+class Whole(NamedTuple):
+    root: Path  # the gang's reports (``report``)
+    store: str  # its checkpoint store
+    run_id: str  # the step's MLflow run it logged into
+    log: str
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory: pytest.TempPathFactory, mlflow_url: str) -> Whole:
+    """One uninterrupted run with a checkpoint store and a step's MLflow run, as a gang step
+    runs: what it trained, committed and logged (read by two tests)."""
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path_factory.mktemp("hf-whole")
+    client = MlflowClient(tracking_uri=mlflow_url)
+    run_id = client.create_run(client.create_experiment("hf-integration")).info.run_id
+    store = (root / "ckpt").as_uri()
+    env = {**policy(store), "MLFLOW_TRACKING_URI": mlflow_url, "MLFLOW_RUN_ID": run_id}
+    log = run(LocalBackend(root / "gangs"), gang("whole", SCRIPT, root, env))
+    return Whole(root, store, run_id, log)
+
+
+@pytest.mark.timeout(240)  # the reference and the whole run start here
 def test_an_uninterrupted_run_commits_trainer_checkpoints_and_trains_unchanged(
-    tmp_path: Path, reference: dict[str, Any]
+    whole: Whole, reference: dict[str, Any]
 ) -> None:
-    store = (tmp_path / "ckpt").as_uri()
-    run(LocalBackend(tmp_path / "gangs"), gang("whole", SCRIPT, tmp_path, policy(store)))
-    assert report(tmp_path) == reference
-    manager = CheckpointManager(store)
+    assert report(whole.root) == reference  # neither the store nor MLflow changed training
+    manager = CheckpointManager(whole.store)
     # every 5 steps (TIDEFLOW_CHECKPOINT_EVERY_STEPS; the script says save_strategy="no")
     # and the final step; keep_last 3
     assert [m.step for m in manager.committed()] == [40, 45, STEPS]
@@ -159,19 +179,13 @@ def test_the_guard_stops_a_diverging_run_with_exit_76_and_marks_the_last_good_ch
     assert manager.marked("last-good") == newest.step == int(stopped.group(2))
 
 
-@pytest.mark.servers
 @pytest.mark.timeout(120)
 def test_the_logged_loss_and_the_checkpoints_reach_the_step_mlflow_run(
-    tmp_path: Path, mlflow_url: str
+    whole: Whole, mlflow_url: str
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=mlflow_url)
-    experiment = client.create_experiment("hf-integration")
-    run_id = client.create_run(experiment).info.run_id
-    store = (tmp_path / "ckpt").as_uri()
-    env = {**policy(store, 16), "MLFLOW_TRACKING_URI": mlflow_url, "MLFLOW_RUN_ID": run_id}
-    log = run(LocalBackend(tmp_path / "gangs"), gang("tracked", SCRIPT, tmp_path, env))
+    client, run_id, log = MlflowClient(tracking_uri=mlflow_url), whole.run_id, whole.log
 
     history = client.get_metric_history(run_id, "loss")
     assert sorted(m.step for m in history) == list(range(1, STEPS + 1))  # logging_steps=1
@@ -179,7 +193,7 @@ def test_the_logged_loss_and_the_checkpoints_reach_the_step_mlflow_run(
     by_step = {m.step: m.value for m in history}
     assert [f"{by_step[step]:.4g}" for step in range(1, STEPS + 1)] == logged
     data = client.get_run(run_id).data
-    final = CheckpointManager(store).latest()
+    final = CheckpointManager(whole.store).latest()
     assert final is not None and final.step == STEPS
     assert data.tags["tideflow.checkpoint.latest"] == final.uri
     assert data.metrics["checkpoint_step"] == STEPS
