@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.local import LocalBackend
@@ -106,3 +106,24 @@ def preempt_and_wait(backend: LocalBackend, gang_id: str) -> tuple[Any, str]:
     backend.preempt(gang_id)
     status = backend.wait(gang_id, 90)
     return status, backend.log_path(gang_id).read_text()
+
+
+class Whole(NamedTuple):
+    """An uninterrupted run with a checkpoint store and a step's MLflow run."""
+
+    root: Path  # the gang's reports (``report``)
+    store: str  # its checkpoint store
+    run_id: str  # the step's MLflow run it logged into
+    log: str
+
+
+def whole_run(root: Path, script: Path, mlflow_url: str, experiment: str) -> Whole:
+    """``script`` run uninterrupted as a gang step runs it: checkpointed, and tracked."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_url)
+    run_id = client.create_run(client.create_experiment(experiment)).info.run_id
+    store = (root / "ckpt").as_uri()
+    env = {**policy(store), "MLFLOW_TRACKING_URI": mlflow_url, "MLFLOW_RUN_ID": run_id}
+    log = run(LocalBackend(root / "gangs"), gang("whole", script, root, env))
+    return Whole(root, store, run_id, log)

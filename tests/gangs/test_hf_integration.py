@@ -15,11 +15,12 @@ import subprocess
 import sys
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 
 from tests.framework_gangs import (
+    Whole,
     gang,
     kill_rank,
     policy,
@@ -28,6 +29,7 @@ from tests.framework_gangs import (
     run,
     wait_for_checkpoint,
     wait_for_log,
+    whole_run,
 )
 from tideflow.backends import GangState
 from tideflow.backends.local import LocalBackend
@@ -67,26 +69,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return report(root)
 
 
-class Whole(NamedTuple):
-    root: Path  # the gang's reports (``report``)
-    store: str  # its checkpoint store
-    run_id: str  # the step's MLflow run it logged into
-    log: str
-
-
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory: pytest.TempPathFactory, mlflow_url: str) -> Whole:
-    """One uninterrupted run with a checkpoint store and a step's MLflow run, as a gang step
-    runs: what it trained, committed and logged (read by two tests)."""
-    from mlflow.tracking import MlflowClient
-
+    """The uninterrupted, checkpointed and tracked run two tests read."""
     root = tmp_path_factory.mktemp("hf-whole")
-    client = MlflowClient(tracking_uri=mlflow_url)
-    run_id = client.create_run(client.create_experiment("hf-integration")).info.run_id
-    store = (root / "ckpt").as_uri()
-    env = {**policy(store), "MLFLOW_TRACKING_URI": mlflow_url, "MLFLOW_RUN_ID": run_id}
-    log = run(LocalBackend(root / "gangs"), gang("whole", SCRIPT, root, env))
-    return Whole(root, store, run_id, log)
+    return whole_run(root, SCRIPT, mlflow_url, "hf-integration")
 
 
 @pytest.mark.timeout(240)  # the reference and the whole run start here
