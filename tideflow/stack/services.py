@@ -41,6 +41,7 @@ S3_REGION = "us-east-1"
 # SeaweedFS's S3 identities (its -s3.config format), generated once per stack home
 S3_IDENTITIES = "s3-identities.json"
 AIRFLOW_PASSWORDS = "airflow-passwords.json"
+_GROUP = "tideflow.stack.airflow_group"  # Airflow's components, and their database settings
 
 
 def private_dir(path: Path) -> Path:
@@ -334,6 +335,8 @@ def airflow_env(state: StackState, port: int, dags_folder: Path, pipelines: Path
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{state.airflow_user}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / AIRFLOW_PASSWORDS),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{_GROUP}.SQLITE_CONNECT_ARGS",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{_GROUP}.SQLITE_CONNECT_ARGS",
         "AIRFLOW__CORE__AUTH_MANAGER": (
             "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
         ),
@@ -389,7 +392,7 @@ def start_airflow(
     )
     _airflow_cli(env, "pools", "import", str(pool_file))
     log = home / "logs" / "airflow.log"
-    command = [sys.executable, "-m", "tideflow.stack.airflow_group", _bin("airflow")]
+    command = [sys.executable, "-m", _GROUP, _bin("airflow")]
     pid = start(command, env, log, cwd=home)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/api/v2/monitor/health", timeout_s=180, pgid=pid, log_path=log, name="Airflow")
