@@ -73,6 +73,44 @@ def test_the_broker_moves_a_gpu_node_between_pools_through_the_real_policy(
     assert any(t.key == "nvidia.com/gpu" for t in node.spec.taints)
 
 
+def test_the_broker_keeps_a_taint_added_between_its_read_and_its_patch(
+    deployed: list[tuple[str, dict[str, Any]]],
+    kube: Kube,
+    cluster: ClusterState,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU health check taints the node just after the broker read it: the broker's
+    patch, which sends the taint list whole, must neither drop that taint nor be
+    refused by the node policy for changing it; it is a conflict, read again."""
+    from tideflow.broker.kubernetes import KubernetesActuator, target_from_env
+
+    gpu_node(kube, "policy-race")
+    admin = client.CoreV1Api(kube.api)
+    broker = KubernetesActuator(service_account(cluster, "tideflow-broker"), target_from_env())
+    read_node = broker.pools.core.read_node
+    health = {"key": "example.com/gpu-health", "value": "failing", "effect": "NoSchedule"}
+
+    def read_then_taint(name: str, **kwargs: Any) -> Any:
+        node = read_node(name, **kwargs)
+        if not any(t["key"] == health["key"] for t in _taints(admin, name)):
+            admin.patch_node(name, [{"op": "add", "path": "/spec/taints/-", "value": health}])
+        return node
+
+    monkeypatch.setattr(broker.pools.core, "read_node", read_then_taint)
+    broker._set_pool(admin.read_node("policy-race"), "inference")
+    node = admin.read_node("policy-race")
+    assert node.metadata.labels["tideflow.io/pool"] == "inference"
+    assert health in _taints(admin, "policy-race")
+    assert {"key": "tideflow.io/pool", "value": "inference", "effect": "NoSchedule"} in _taints(
+        admin, "policy-race"
+    )
+
+
+def _taints(core: client.CoreV1Api, name: str) -> list[dict[str, Any]]:
+    node = client.ApiClient().sanitize_for_serialization(core.read_node(name))
+    return list(node["spec"].get("taints", []))
+
+
 def _patch(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
     """A JSON patch from ``before`` to ``after``, field by field (the broker may patch
     nodes, not update them)."""
@@ -91,16 +129,27 @@ def _patch(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]
 
 
 def _refused_patch(api: client.ApiClient, name: str, change: Callable[[dict], None]) -> str:
+    """The refusal of ``change`` to node ``name`` as ``api``'s user ("" if admitted).
+
+    The patch holds the resourceVersion it was read at: the node lifecycle controller
+    taints a new node meanwhile, and a patch sending the old taints back would be
+    refused for changing that taint, not for ``change``."""
     core = client.CoreV1Api(api)
-    current = client.ApiClient().sanitize_for_serialization(core.read_node(name))
-    wanted = copy.deepcopy(current)
-    change(wanted)
-    try:
-        core.patch_node(name, _patch(current, wanted))
-    except ApiException as exc:
-        assert exc.status in (403, 422), exc.body
-        return str(exc.body)
-    return ""
+    for _ in range(5):
+        current = client.ApiClient().sanitize_for_serialization(core.read_node(name))
+        wanted = copy.deepcopy(current)
+        change(wanted)
+        version = current["metadata"]["resourceVersion"]
+        precondition = {"op": "replace", "path": "/metadata/resourceVersion", "value": version}
+        try:
+            core.patch_node(name, [precondition, *_patch(current, wanted)])
+        except ApiException as exc:
+            if exc.status == 409:
+                continue
+            assert exc.status in (403, 422), exc.body
+            return str(exc.body)
+        return ""
+    raise AssertionError(f"node {name} kept changing")
 
 
 # Changes the API server's own validation refuses, for everyone, before any admission

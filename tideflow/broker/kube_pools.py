@@ -21,6 +21,8 @@ from tideflow.kube.client import MERGE
 from tideflow.kube.names import dns_label
 from tideflow.steps.context import GANG_LABEL, TEAM_LABEL
 
+SET_POOL_TRIES = 5  # reads of a node whose taints keep changing before the conflict is raised
+
 
 def checkpoint_store(pods: list[Any]) -> str | None:
     """The checkpoint store a gang's pods were given (the same for all of its workers)."""
@@ -192,19 +194,36 @@ class NodePools:
         return unusable
 
     def set_pool(self, node: Any, pool: str) -> None:
-        # Read again: the list is sent back whole, and while the broker waited for an
-        # eviction someone may have added a taint (a GPU health check) it must keep.
-        node = self.core.read_node(node.metadata.name)
+        """Label and taint ``node`` as ``pool``'s, keeping every other taint it has.
+
+        The taint list is sent back whole, so the patch carries the resourceVersion
+        it was read at: a taint added since (a GPU health check, the node lifecycle
+        controller) makes it a 409 Conflict and it is read again, instead of being
+        dropped or making deploy/kubernetes/broker-rbac.yaml's policy refuse the patch.
+        """
+        from kubernetes.client.rest import ApiException
+
+        for attempt in range(1, SET_POOL_TRIES + 1):
+            try:
+                self._patch_pool(node.metadata.name, pool)
+                return
+            except ApiException as exc:
+                if exc.status != 409 or attempt == SET_POOL_TRIES:
+                    raise
+
+    def _patch_pool(self, name: str, pool: str) -> None:
+        node = self.core.read_node(name)
         taints = [t for t in (node.spec.taints or []) if getattr(t, "key", None) != TAINT_KEY]
         body = {
-            "metadata": {"labels": {POOL_LABEL: pool}},
+            "metadata": {
+                "labels": {POOL_LABEL: pool},
+                "resourceVersion": node.metadata.resource_version,
+            },
             "spec": {
-                # A merge patch replaces the list whole: the other taints go back as read,
-                # or deploy/kubernetes/broker-rbac.yaml's admission policy refuses the patch.
                 "taints": [taint_as_written(t) for t in taints]
                 # Pods that are no pool's stay off; a pool's pods tolerate the key and
                 # choose their pool by the label (tideflow.kube.pods).
                 + [{"key": TAINT_KEY, "value": pool, "effect": "NoSchedule"}]
             },
         }
-        self.core.patch_node(node.metadata.name, body, _content_type=MERGE)
+        self.core.patch_node(name, body, _content_type=MERGE)
