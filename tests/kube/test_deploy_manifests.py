@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import ipaddress
 import json
 import re
@@ -39,10 +40,18 @@ K8S_VERSION = "1.33"
 
 
 def objects() -> list[dict[str, Any]]:
+    """Every object of deploy/kubernetes, a fresh copy for the caller to change."""
+    found: list[dict[str, Any]] = json.loads(_objects_as_json())
+    return found
+
+
+@functools.cache
+def _objects_as_json() -> str:
+    # parsed once per process: the network-policy tests ask for them 60 times each
     found = []
     for path in sorted(DEPLOY.glob("*.yaml")):
         found += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return found
+    return json.dumps(found)
 
 
 def by_kind(kind: str) -> list[dict[str, Any]]:
