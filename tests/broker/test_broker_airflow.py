@@ -161,6 +161,38 @@ def test_no_broker_dag_without_configuration(monkeypatch: pytest.MonkeyPatch) ->
     assert broker_dag() is None
 
 
+PARSE_BROKER_DAG = """
+import runpy, sys
+dag = runpy.run_path(sys.argv[1])["dag"]
+print(dag.dag_id, *sorted(m for m in sys.modules if m.startswith("tideflow")))
+"""
+
+
+@pytest.mark.processes
+def test_parsing_the_broker_dag_file_leaves_the_broker_itself_to_the_tasks(
+    broker_env: dict[str, Path], repo: Path
+) -> None:
+    """The DAG processor parses dags/tideflow_broker.py in a new process every
+    ``min_file_process_interval`` (10 s in the local stack): the policy, the ledger and
+    the service load when a task runs, not at every parse."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE_BROKER_DAG, str(repo / "dags" / "tideflow_broker.py")],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    dag_id, *loaded = done.stdout.split()
+    assert dag_id == "tideflow_broker"
+    assert "tideflow.broker.service" not in loaded
+    assert "tideflow.scheduling.ledger" not in loaded
+
+
 def test_broker_run_once_takes_one_step_and_records_it(
     broker_env: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -33,7 +33,7 @@ from tideflow.broker.opening import (
     within_inference_quota,
 )
 from tideflow.broker.policy import BrokerDecision, PolicyConfig, Snapshot, decide, sizing
-from tideflow.broker.settings import BrokerSettings, load_source_from
+from tideflow.broker.settings import BROKER_DAG_ID, BrokerSettings, load_source_from
 from tideflow.broker.throughput import Served, Throughput, ThroughputLearner, recorded
 
 # What callers import from here, the broker's opening and actuator protocols included.
@@ -72,7 +72,6 @@ __all__ = [
     "within_inference_quota",
 ]
 
-BROKER_DAG_ID = "tideflow_broker"  # the Airflow DAG that runs the broker
 CALIBRATION_S = 7 * 86400.0  # outcomes the SLO calibration replays
 LEARNING_S = 7 * 86400.0  # served windows the per-GPU throughput is learned from
 BUDGET_S = 7 * 86400.0  # the past span whose lost and trained GPU-time the budget weighs

@@ -28,6 +28,7 @@ from tideflow.broker.load import (
 from tideflow.broker.node_size import NODE_GPUS_ENV
 from tideflow.config import ConfigError, env_number
 
+BROKER_DAG_ID = "tideflow_broker"  # the Airflow DAG that runs the broker
 # what the broker may move (TIDEFLOW_BROKER_DEVICE_CLASS)
 DEVICE_CLASSES = registry.declared("TIDEFLOW_BROKER_DEVICE_CLASS").choices
 

@@ -11,10 +11,8 @@ import datetime as dt
 from airflow.sdk import DAG
 
 from tideflow import settings_registry as registry
-from tideflow.broker.service import BROKER_DAG_ID
-from tideflow.broker.settings import BrokerSettings
+from tideflow.broker.settings import BROKER_DAG_ID, BrokerSettings
 from tideflow.config import ConfigError, Settings
-from tideflow.dag.loader import report_setting_error
 from tideflow.operators.broker import InferenceLoadSensor, RebalanceOperator
 
 __all__ = ["BROKER_DAG_ID", "broker_dag"]
@@ -35,6 +33,8 @@ def broker_dag(schedule: str = "*/5 * * * *", dag_file: str = "tideflow_broker.p
         poll_s = registry.number("TIDEFLOW_BROKER_POLL_S")
         Settings.from_env()  # its journal's home, read by the tasks
     except ConfigError as exc:  # the DAG file's import error: the message, no traceback
+        from tideflow.dag.loader import report_setting_error  # the pipelines' loader: 80 ms
+
         report_setting_error(dag_file, exc)
         return None
     with DAG(

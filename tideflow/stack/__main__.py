@@ -88,7 +88,7 @@ def describe(state: StackState) -> str:
 
 def broker_step(api: AirflowApi, timeout_s: float = 180) -> Callable[[], str]:
     """One broker step through Airflow: a run of the broker DAG, waited for."""
-    from tideflow.broker.service import BROKER_DAG_ID
+    from tideflow.broker.settings import BROKER_DAG_ID
 
     def step() -> str:
         run_id = api.trigger(BROKER_DAG_ID)
@@ -99,7 +99,7 @@ def broker_step(api: AirflowApi, timeout_s: float = 180) -> Callable[[], str]:
 
 def team_demo(state: StackState, api: AirflowApi) -> bool:
     """The multi-team story (``tideflow.stack.team_story``) on the running stack."""
-    from tideflow.broker.service import BROKER_DAG_ID
+    from tideflow.broker.settings import BROKER_DAG_ID
     from tideflow.stack.team_story import run_team_story
 
     try:
