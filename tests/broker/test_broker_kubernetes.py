@@ -32,6 +32,7 @@ from tideflow.broker.kubernetes import (
 )
 from tideflow.checkpoint import CheckpointManager
 from tideflow.kube import KubeSettings
+from tideflow.kube.client import MERGE
 from tideflow.kube.volcano import GangShape, gang_volcano_job
 
 NS = "tideflow"
@@ -408,6 +409,36 @@ def test_lending_returns_nodes_and_moves_kueue_quota_and_hpa_bounds(
         r.verb == "patch" and r.resource == "clusterqueues" and r.code == 200
         for r in fake.broker_requests()
     )
+
+
+def test_a_quota_edit_made_while_the_broker_moves_its_own_is_kept(
+    cluster: tuple[Cluster, Any],
+) -> None:
+    """An operator sets a borrowing limit on the training queue between the broker's
+    read of the ClusterQueue and its patch, which sends ``resourceGroups`` whole: the
+    operator's limit stays (the patch is a conflict, read again) beside the broker's
+    quota."""
+    fake, api = cluster
+    actuator = KubernetesActuator(api, ClusterTarget(namespace=NS, queue_kind="kueue"))
+    read = actuator.queue.custom.get_cluster_custom_object
+    path = "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/training"
+
+    def read_then_edit(*args: Any, **kwargs: Any) -> Any:
+        queue = read(*args, **kwargs)
+        groups = copy.deepcopy(queue["spec"]["resourceGroups"])
+        gpu = groups[0]["flavors"][0]["resources"][0]
+        if "borrowingLimit" not in gpu:
+            gpu["borrowingLimit"] = "8"
+            body = {"spec": {"resourceGroups": groups}}
+            answer = fake.fake.request("PATCH", path, body=body, content_type=MERGE)
+            assert answer[0] == 200, answer
+        return queue
+
+    actuator.queue.custom.get_cluster_custom_object = read_then_edit
+    assert actuator.queue.set_quota(24) == 24
+    queue = fake.fake.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "training")
+    (gpu,) = queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+    assert gpu == {"name": "nvidia.com/gpu", "nominalQuota": "24", "borrowingLimit": "8"}
 
 
 def queue_spec(fake: KubeFake, name: str) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from typing import Any
 from tideflow.broker.kube_target import ClusterTarget
 from tideflow.kube.client import MERGE
 
+QUOTA_TRIES = 5  # reads of a ClusterQueue that keeps changing before the conflict is raised
+
 
 class TrainingQueueRefusedError(RuntimeError):
     """The API server refused the training queue's new quota (a webhook or the schema)."""
@@ -93,32 +95,54 @@ class TrainingQueue:
 
     def set_kueue_quota(self, gpus: int) -> int:
         """Set the GPU ``nominalQuota`` of the ClusterQueue's flavor (every flavor with
-        that resource, unless ``kueue_flavor`` names one); ``gpus``."""
+        that resource, unless ``kueue_flavor`` names one); ``gpus``.
+
+        ``resourceGroups`` is a list, which a merge patch replaces whole: the patch
+        carries the resourceVersion it was read at, so an edit made meanwhile (another
+        flavor's quota, a borrowing limit) is a 409 Conflict, read again, not lost.
+        """
+        from kubernetes.client.rest import ApiException
+
+        for _ in range(QUOTA_TRIES - 1):
+            try:
+                self._patch_kueue_quota(gpus)
+                return gpus
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        self._patch_kueue_quota(gpus)  # the last try: its conflict is the caller's
+        return gpus
+
+    def _patch_kueue_quota(self, gpus: int) -> None:
         queue = self.custom.get_cluster_custom_object(
             "kueue.x-k8s.io", self.target.kueue_version, "clusterqueues", self.target.training_queue
         )
         groups = queue["spec"]["resourceGroups"]
-        changed = False
-        for group in groups:
-            for flavor in group.get("flavors", []):
-                if self.target.kueue_flavor not in (None, flavor["name"]):
-                    continue
-                for resource in flavor.get("resources", []):
-                    if resource["name"] == self.target.gpu_resource:
-                        resource["nominalQuota"] = str(gpus)
-                        changed = True
-        if not changed:
+        quotas = [
+            resource
+            for group in groups
+            for flavor in group.get("flavors", [])
+            if self.target.kueue_flavor in (None, flavor["name"])
+            for resource in flavor.get("resources", [])
+            if resource["name"] == self.target.gpu_resource
+        ]
+        if not quotas:
             raise ValueError(
                 f"ClusterQueue {self.target.training_queue} has no {self.target.gpu_resource} "
                 f"quota in flavor {self.target.kueue_flavor or '(any)'}"
             )
-        # resourceGroups is a list: a merge patch replaces it whole, so send it whole.
+        if all(str(resource["nominalQuota"]) == str(gpus) for resource in quotas):
+            return  # as it is: no write, no watch event for Kueue
+        for resource in quotas:
+            resource["nominalQuota"] = str(gpus)
         self.custom.patch_cluster_custom_object(
             "kueue.x-k8s.io",
             self.target.kueue_version,
             "clusterqueues",
             self.target.training_queue,
-            {"spec": {"resourceGroups": groups}},
+            {
+                "metadata": {"resourceVersion": queue["metadata"]["resourceVersion"]},
+                "spec": {"resourceGroups": groups},
+            },
             _content_type=MERGE,
         )
-        return gpus
