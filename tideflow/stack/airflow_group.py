@@ -40,7 +40,7 @@ _PRINT = threading.Lock()
 # The components and every task share one SQLite file, one writer at a time. A
 # writer waits up to this long for the lock (SQLite's default, 5 s, is shorter than
 # a scheduler transaction on a busy machine). Airflow reads it through
-# ``[database] sql_alchemy_connect_args`` and adds its own keys to its copy.
+# ``[database] sql_alchemy_connect_args`` (and ``_async``) and adds its own keys to it.
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 
 
