@@ -35,6 +35,13 @@ from tideflow.kube import KubeSettings
 from tideflow.steps.standalone_io import assign, parse_assignment, read_value
 
 WORKFLOW = "digits-x7k2p"
+PREDICT_WITHOUT_TIDEFLOW = """
+import sys
+sys.modules["tideflow"] = None  # any import of it fails, as where it is not installed
+import mlflow.pyfunc, numpy
+model = mlflow.pyfunc.load_model(sys.argv[1])
+print(tuple(model.predict(numpy.zeros((3, 64), dtype=numpy.float32)).shape))
+"""
 
 
 def compiled(tmp_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
@@ -83,7 +90,6 @@ def test_data_prep_runs_the_digits_entry_point_and_writes_its_outputs(tmp_path: 
 
 @pytest.mark.processes
 def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFake) -> None:
-    from mlflow.artifacts import download_artifacts
     from mlflow.tracking import MlflowClient
 
     workflow, env = compiled(tmp_path)
@@ -148,12 +154,7 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     assert champion.tags["tideflow.checkpoint_step"] == str(best.step)
     assert champion.tags["tideflow.checkpoint_selected"] == "best"
     assert champion.tags["tideflow.training_task"] == "train"
-    # The example's builder states what loading the model needs, not what importing it
-    # happened to load (transformers, lightning, ... in a shared environment).
-    logged = client.get_logged_model(champion.source.removeprefix("models:/"))
-    requirements = Path(download_artifacts(f"{logged.artifact_location}/requirements.txt"))
-    names = sorted(line.split("==")[0] for line in requirements.read_text().split())
-    assert names == ["cloudpickle", "mlflow", "torch"], names
+    assert_serves_with_its_stated_requirements(client, champion.source, tmp_path / "mlflow.db")
 
     # A retried promotion (same workflow run) registers nothing new and moves nothing.
     again = run_task(
@@ -161,6 +162,29 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     )
     assert again["decision"] == "promoted" and again["version"] == "1"
     assert len(client.search_model_versions("name = 'digits-classifier'")) == 1
+
+
+def assert_serves_with_its_stated_requirements(client: Any, source: str, db: Path) -> None:
+    """The example's builder states what loading the model needs, not what importing it
+    happened to load (transformers, lightning, ... in a shared environment), and that is
+    all it needs: the champion loads and predicts where tideflow is not installed (a
+    serving image; MLflow saves it as a torch.export program)."""
+    from mlflow.artifacts import download_artifacts
+
+    logged = client.get_logged_model(source.removeprefix("models:/"))
+    requirements = Path(download_artifacts(f"{logged.artifact_location}/requirements.txt"))
+    names = sorted(line.split("==")[0] for line in requirements.read_text().split())
+    assert names == ["cloudpickle", "mlflow", "torch"], names
+    serving = subprocess.run(
+        [sys.executable, "-c", PREDICT_WITHOUT_TIDEFLOW, "models:/digits-classifier@champion"],
+        env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert serving.returncode == 0, serving.stderr[-3000:]
+    assert serving.stdout.strip() == "(3, 10)"
 
 
 @pytest.mark.processes
