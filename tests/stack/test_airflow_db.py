@@ -1,11 +1,11 @@
 """The local stack's Airflow components share one SQLite file: a writer waits its turn.
 
-The API server, scheduler, DAG processor, triggerer and every task write to
-``$AIRFLOW_HOME/airflow.db``. SQLite lets one writer in at a time and, by
-default, a connection gives up after 5 s with "database is locked"; on a busy
-two-core machine the scheduler can hold the lock that long, and a trigger from
-the UI then answered HTTP 500. Runs Airflow's own engine set-up in a subprocess
-with the stack's environment.
+The API server (for the tasks too, through its execution API), the scheduler,
+the DAG processor and the triggerer write to ``$AIRFLOW_HOME/airflow.db``.
+SQLite lets one writer in at a time and, by default, a connection gives up after
+5 s with "database is locked"; on a busy two-core machine the scheduler can hold
+the lock that long, and a trigger from the UI then answered HTTP 500. Runs
+Airflow's own engine set-up in a subprocess with the stack's environment.
 """
 
 from __future__ import annotations
@@ -38,13 +38,16 @@ threading.Timer({HOLD_S}, holder.commit).start()
 started = time.monotonic()
 with settings.engine.begin() as connection:
     connection.exec_driver_sql("INSERT INTO queue VALUES (2)")
-print(round(time.monotonic() - started, 1))
+print(path, round(time.monotonic() - started, 1))
 """
 
 
 def test_an_airflow_write_waits_for_a_lock_held_longer_than_sqlites_default(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """... in the stack's own database, whatever metadata database the user's
+    environment names (the stack must never write to a production one)."""
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql://prod.example/airflow")
     env = airflow_env(
         StackState(home=str(tmp_path)), free_port(), tmp_path / "dags", tmp_path / "pipelines"
     )
@@ -58,5 +61,6 @@ def test_an_airflow_write_waits_for_a_lock_held_longer_than_sqlites_default(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    waited = float(done.stdout.strip().splitlines()[-1])
-    assert waited >= HOLD_S - 1  # it waited for the holder rather than writing past it
+    path, waited = done.stdout.strip().splitlines()[-1].split()
+    assert path == str(tmp_path / "airflow" / "airflow.db")
+    assert float(waited) >= HOLD_S - 1  # it waited for the holder rather than writing past it

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import IO
 
@@ -37,11 +38,23 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
 }
 _PRINT = threading.Lock()
 
-# The components and every task share one SQLite file, one writer at a time. A
+# Airflow's components share one SQLite file, one writer at a time. A
 # writer waits up to this long for the lock (SQLite's default, 5 s, is shorter than
 # a scheduler transaction on a busy machine). Airflow reads it through
 # ``[database] sql_alchemy_connect_args`` (and ``_async``) and adds its own keys to it.
 SQLITE_CONNECT_ARGS = {"timeout": 60}
+
+
+def database_env(airflow_home: Path) -> dict[str, str]:
+    """The stack's metadata database: SQLite in ``airflow_home``, named here so that an
+    ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` of the user's (a production database) is
+    not the local stack's, and waiting for its write lock as above."""
+    here = f"{__name__}.SQLITE_CONNECT_ARGS"
+    return {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow_home / 'airflow.db'}",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": here,
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": here,
+    }
 
 
 def _relay(name: str, stream: IO[bytes]) -> None:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tideflow.stack.airflow_group import database_env
 from tideflow.stack.processes import (
     StackError,
     free_port,
@@ -41,7 +42,7 @@ S3_REGION = "us-east-1"
 # SeaweedFS's S3 identities (its -s3.config format), generated once per stack home
 S3_IDENTITIES = "s3-identities.json"
 AIRFLOW_PASSWORDS = "airflow-passwords.json"
-_GROUP = "tideflow.stack.airflow_group"  # Airflow's components, and their database settings
+_GROUP = "tideflow.stack.airflow_group"  # Airflow's components, run as one program
 
 
 def private_dir(path: Path) -> Path:
@@ -335,8 +336,7 @@ def airflow_env(state: StackState, port: int, dags_folder: Path, pipelines: Path
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{state.airflow_user}:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / AIRFLOW_PASSWORDS),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{_GROUP}.SQLITE_CONNECT_ARGS",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": f"{_GROUP}.SQLITE_CONNECT_ARGS",
+        **database_env(airflow_home),
         "AIRFLOW__CORE__AUTH_MANAGER": (
             "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
         ),
