@@ -441,6 +441,26 @@ def test_a_quota_edit_made_while_the_broker_moves_its_own_is_kept(
     assert gpu == {"name": "nvidia.com/gpu", "nominalQuota": "24", "borrowingLimit": "8"}
 
 
+def test_a_quota_already_set_is_not_written_again(cluster: tuple[Cluster, Any]) -> None:
+    """Every broker step sets the quota; only a change is a write (and a watch event
+    for Kueue's controller), however the stored quantity is spelled."""
+    fake, api = cluster
+    queue = KubernetesActuator(api, ClusterTarget(namespace=NS, queue_kind="kueue")).queue
+    queue.set_quota(24)
+    queue.set_quota(24)
+    groups = fake.fake.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "training")["spec"]
+    groups["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = "24000m"
+    path = "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/training"
+    answer = fake.fake.request("PATCH", path, body={"spec": groups}, content_type=MERGE)
+    assert answer[0] == 200, answer
+    queue.set_quota(24)
+    patches = [r for r in fake.broker_requests("patch") if r.resource == "clusterqueues"]
+    assert len(patches) == 1
+    queue.set_quota(16)
+    patches = [r for r in fake.broker_requests("patch") if r.resource == "clusterqueues"]
+    assert len(patches) == 2
+
+
 def queue_spec(fake: KubeFake, name: str) -> dict[str, Any]:
     return dict(fake.get(QUEUE, "Queue", name)["spec"])
 

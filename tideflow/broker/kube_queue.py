@@ -114,6 +114,8 @@ class TrainingQueue:
         return gpus
 
     def _patch_kueue_quota(self, gpus: int) -> None:
+        from kubernetes.utils import parse_quantity
+
         queue = self.custom.get_cluster_custom_object(
             "kueue.x-k8s.io", self.target.kueue_version, "clusterqueues", self.target.training_queue
         )
@@ -131,7 +133,7 @@ class TrainingQueue:
                 f"ClusterQueue {self.target.training_queue} has no {self.target.gpu_resource} "
                 f"quota in flavor {self.target.kueue_flavor or '(any)'}"
             )
-        if all(str(resource["nominalQuota"]) == str(gpus) for resource in quotas):
+        if all(parse_quantity(resource["nominalQuota"]) == gpus for resource in quotas):
             return  # as it is: no write, no watch event for Kueue
         for resource in quotas:
             resource["nominalQuota"] = str(gpus)
