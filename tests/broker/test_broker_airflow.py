@@ -173,8 +173,8 @@ def test_parsing_the_broker_dag_file_leaves_the_broker_itself_to_the_tasks(
     broker_env: dict[str, Path], repo: Path
 ) -> None:
     """The DAG processor parses dags/tideflow_broker.py in a new process every
-    ``min_file_process_interval`` (10 s in the local stack): the policy, the ledger and
-    the service load when a task runs, not at every parse."""
+    ``min_file_process_interval`` (10 s in the local stack): the broker's service, its
+    ledger and the pipelines' loader load when a task runs, not at every parse."""
     import os
     import subprocess
     import sys
@@ -191,6 +191,7 @@ def test_parsing_the_broker_dag_file_leaves_the_broker_itself_to_the_tasks(
     assert dag_id == "tideflow_broker"
     assert "tideflow.broker.service" not in loaded
     assert "tideflow.scheduling.ledger" not in loaded
+    assert "tideflow.dag.loader" not in loaded
 
 
 def test_broker_run_once_takes_one_step_and_records_it(

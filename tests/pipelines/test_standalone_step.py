@@ -154,7 +154,9 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     assert champion.tags["tideflow.checkpoint_step"] == str(best.step)
     assert champion.tags["tideflow.checkpoint_selected"] == "best"
     assert champion.tags["tideflow.training_task"] == "train"
-    assert_serves_with_its_stated_requirements(client, champion.source, tmp_path / "mlflow.db")
+    assert_champion_states_its_requirements_and_loads_without_tideflow(
+        client, champion.source, tmp_path / "mlflow.db"
+    )
 
     # A retried promotion (same workflow run) registers nothing new and moves nothing.
     again = run_task(
@@ -164,11 +166,13 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     assert len(client.search_model_versions("name = 'digits-classifier'")) == 1
 
 
-def assert_serves_with_its_stated_requirements(client: Any, source: str, db: Path) -> None:
-    """The example's builder states what loading the model needs, not what importing it
-    happened to load (transformers, lightning, ... in a shared environment), and that is
-    all it needs: the champion loads and predicts where tideflow is not installed (a
-    serving image; MLflow saves it as a torch.export program)."""
+def assert_champion_states_its_requirements_and_loads_without_tideflow(
+    client: Any, source: str, db: Path
+) -> None:
+    """The example's builder states what loading the model needs (torch, mlflow,
+    cloudpickle), not what importing it happened to load (transformers, lightning, ...
+    in a shared environment); and the champion, ``source``, loads and predicts where
+    tideflow cannot be imported (MLflow saves it as a torch.export program)."""
     from mlflow.artifacts import download_artifacts
 
     logged = client.get_logged_model(source.removeprefix("models:/"))
@@ -176,7 +180,7 @@ def assert_serves_with_its_stated_requirements(client: Any, source: str, db: Pat
     names = sorted(line.split("==")[0] for line in requirements.read_text().split())
     assert names == ["cloudpickle", "mlflow", "torch"], names
     serving = subprocess.run(
-        [sys.executable, "-c", PREDICT_WITHOUT_TIDEFLOW, "models:/digits-classifier@champion"],
+        [sys.executable, "-c", PREDICT_WITHOUT_TIDEFLOW, source],
         env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}"},
         capture_output=True,
         text=True,

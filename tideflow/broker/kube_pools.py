@@ -21,7 +21,7 @@ from tideflow.kube.client import MERGE
 from tideflow.kube.names import dns_label
 from tideflow.steps.context import GANG_LABEL, TEAM_LABEL
 
-SET_POOL_TRIES = 5  # reads of a node whose taints keep changing before the conflict is raised
+SET_POOL_TRIES = 5  # reads of a node that keeps changing before the conflict is raised
 
 
 def checkpoint_store(pods: list[Any]) -> str | None:
@@ -197,9 +197,10 @@ class NodePools:
         """Label and taint ``node`` as ``pool``'s, keeping every other taint it has.
 
         The taint list is sent back whole, so the patch carries the resourceVersion
-        it was read at: a taint added since (a GPU health check, the node lifecycle
-        controller) makes it a 409 Conflict and it is read again, instead of being
-        dropped or making deploy/kubernetes/broker-rbac.yaml's policy refuse the patch.
+        it was read at: any change since (a taint a GPU health check or the node
+        lifecycle controller added, a status update) makes it a 409 Conflict and the
+        node is read again. A taint added meanwhile is kept, not dropped, and
+        deploy/kubernetes/broker-rbac.yaml's policy does not refuse the patch.
         """
         from kubernetes.client.rest import ApiException
 
