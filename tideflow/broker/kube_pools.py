@@ -17,11 +17,9 @@ from tideflow.broker.snapshot import GangView
 from tideflow.checkpoint import CHECKPOINT_URI_ENV
 from tideflow.checkpoint.recency import work_at_risk_since
 from tideflow.compile.cluster_names import POOL_LABEL
-from tideflow.kube.client import MERGE
+from tideflow.kube.client import MERGE, on_conflict_read_again
 from tideflow.kube.names import dns_label
 from tideflow.steps.context import GANG_LABEL, TEAM_LABEL
-
-SET_POOL_TRIES = 5  # reads of a node that keeps changing before the conflict is raised
 
 
 def checkpoint_store(pods: list[Any]) -> str | None:
@@ -202,15 +200,7 @@ class NodePools:
         node is read again. A taint added meanwhile is kept, not dropped, and
         deploy/kubernetes/broker-rbac.yaml's policy does not refuse the patch.
         """
-        from kubernetes.client.rest import ApiException
-
-        for attempt in range(1, SET_POOL_TRIES + 1):
-            try:
-                self._patch_pool(node.metadata.name, pool)
-                return
-            except ApiException as exc:
-                if exc.status != 409 or attempt == SET_POOL_TRIES:
-                    raise
+        on_conflict_read_again(lambda: self._patch_pool(node.metadata.name, pool))
 
     def _patch_pool(self, name: str, pool: str) -> None:
         node = self.core.read_node(name)

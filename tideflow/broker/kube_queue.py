@@ -15,9 +15,7 @@ import math
 from typing import Any
 
 from tideflow.broker.kube_target import ClusterTarget
-from tideflow.kube.client import MERGE
-
-QUOTA_TRIES = 5  # reads of a ClusterQueue that keeps changing before the conflict is raised
+from tideflow.kube.client import MERGE, on_conflict_read_again
 
 
 class TrainingQueueRefusedError(RuntimeError):
@@ -101,16 +99,7 @@ class TrainingQueue:
         carries the resourceVersion it was read at, so an edit made meanwhile (another
         flavor's quota, a borrowing limit) is a 409 Conflict, read again, not lost.
         """
-        from kubernetes.client.rest import ApiException
-
-        for _ in range(QUOTA_TRIES - 1):
-            try:
-                self._patch_kueue_quota(gpus)
-                return gpus
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-        self._patch_kueue_quota(gpus)  # the last try: its conflict is the caller's
+        on_conflict_read_again(lambda: self._patch_kueue_quota(gpus))
         return gpus
 
     def _patch_kueue_quota(self, gpus: int) -> None:

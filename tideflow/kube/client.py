@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 # The client would send a dict body as a JSON *Patch* (its first content type), which
 # the API server rejects; tideflow's patches are JSON merge patches.
 MERGE = "application/merge-patch+json"
+CONFLICT_TRIES = 5  # reads of an object that keeps changing before its conflict is raised
+
+T = TypeVar("T")
+
+
+def on_conflict_read_again(write: Callable[[], T], tries: int = CONFLICT_TRIES) -> T:
+    """Run ``write`` (a read, then a patch carrying the resourceVersion it read) again
+    while the API server answers 409 Conflict: the object changed between the two, and
+    a list sent back whole would otherwise lose that change. The last conflict raises."""
+    from kubernetes.client.rest import ApiException
+
+    for _ in range(tries - 1):
+        try:
+            return write()
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    return write()
 
 
 def connect(kubeconfig: str | None = None, context: str | None = None) -> Any:
