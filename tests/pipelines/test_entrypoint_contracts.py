@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +26,35 @@ def test_the_contract_keys_are_the_ones_the_steps_pass() -> None:
 def test_the_example_entry_points_meet_the_contract() -> None:
     assert signature_problem(digits_train.evaluate, "evaluation", {"validation": "x"}) == ""
     assert signature_problem(digits_train.log_model, "builder", {"validation": "x"}) == ""
+
+
+BUILD_IN_A_FRESH_PROCESS = """
+import sys
+from tideflow.examples.digits_model import log_model
+try:
+    log_model(None, checkpoint_store=sys.argv[1], checkpoint_step=1, validation="", run_id="")
+except RuntimeError as exc:  # the store is empty: the builder stops at its checkpoint
+    print(exc)
+print(sorted(name for name in ("lightning", "pytorch_lightning") if name in sys.modules))
+"""
+
+
+@pytest.mark.processes
+@pytest.mark.skipif(
+    importlib.util.find_spec("lightning") is None, reason="needs Lightning installed"
+)
+def test_the_example_builder_leaves_lightning_unloaded(tmp_path: Path) -> None:
+    """Where Lightning is installed, ``import mlflow.pytorch`` loads it (about 10 s,
+    for an autolog callback a builder never uses); the example builder does not."""
+    built = subprocess.run(
+        [sys.executable, "-c", BUILD_IN_A_FRESH_PROCESS, tmp_path.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert built.stdout.splitlines() == ["no committed checkpoint at step 1", "[]"]
 
 
 def evaluate_ok(ctx: Any, *, validation: str, **checkpoint: Any) -> dict[str, float]:

@@ -214,8 +214,9 @@ def _show_mlflow_metrics(browser: Any) -> None:
 
 
 def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
-    stack: Any, browser: Any, shots: Path
+    browser: Any, stack: Any, shots: Path
 ) -> None:
+    # ``browser`` first: without Chromium the test skips before a stack starts
     from selenium.webdriver.common.by import By
 
     base = stack.services["airflow"].url

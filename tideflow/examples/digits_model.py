@@ -8,6 +8,8 @@ The pipeline names them as ``tideflow.examples.digits_train:evaluate`` and
 from __future__ import annotations
 
 import io
+import sys
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -111,8 +113,8 @@ def log_model(
     so ``mlflow.pyfunc.load_model("models:/NAME@champion").predict(x)`` works.
     """
     import mlflow
-    import mlflow.pytorch
 
+    pytorch_flavor = mlflow_pytorch()
     manager = CheckpointManager(checkpoint_store)
     manifest = next((m for m in manager.committed() if m.step == int(checkpoint_step)), None)
     if manifest is None:
@@ -121,13 +123,34 @@ def log_model(
     model.eval()
     x_val, _ = load_split(validation)
     with mlflow.start_run(run_id=run_id):
-        info = mlflow.pytorch.log_model(
+        info = pytorch_flavor.log_model(
             model,
             name="model",
             input_example=x_val[:5].numpy(),
             # Stated, not inferred: MLflow's inference imports the model in a subprocess
             # (16 s per promotion) and lists whatever that import loaded.
-            pip_requirements=mlflow.pytorch.get_default_pip_requirements(),
+            pip_requirements=pytorch_flavor.get_default_pip_requirements(),
         )
     print(f"logged checkpoint step {manifest.step} as {info.model_uri}", flush=True)
     return {"model_uri": str(info.model_uri)}
+
+
+LIGHTNING = ("lightning", "pytorch_lightning")
+
+
+def mlflow_pytorch() -> ModuleType:
+    """``mlflow.pytorch``, imported without Lightning where Lightning is installed but
+    not yet loaded. MLflow imports Lightning on import only to offer its autolog
+    callback, which logging a model never uses; that import (Lightning, torchmetrics,
+    transformers) takes about 10 s of a promotion. MLflow skips the callback when the
+    import fails, and imports Lightning itself when Lightning's autolog is asked for."""
+    hidden = [name for name in LIGHTNING if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # an import of it fails
+    try:
+        import mlflow.pytorch
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, "") is None:
+                del sys.modules[name]
+    return mlflow.pytorch
