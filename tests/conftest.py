@@ -112,28 +112,29 @@ def mlflow_url(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def running_stack(home: Path, env: dict[str, str] | None = None) -> Iterator[Any]:
-    """The whole local stack started under ``home`` (its servers see ``env`` too), then
-    every process group it started stopped, and checked to be gone."""
+    """The whole local stack started under ``home`` (its servers see ``env`` too; this
+    process's environment is restored once they are up), then every process group it
+    started stopped, and checked to be gone."""
     from tideflow.stack.__main__ import down, up
     from tideflow.stack.processes import group_alive
     from tideflow.stack.services import StackState
 
     saved = {name: os.environ.get(name) for name in env or {}}
-    os.environ.update(env or {})
-    try:
-        yield up(home)
-    finally:
+
+    def restore() -> None:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+    os.environ.update(env or {})
+    try:
+        state = up(home)
+        restore()
+        yield state
+    finally:
+        restore()
         pids = [s.pid for s in (StackState.load(home) or StackState(str(home))).services.values()]
         down(home)
         assert not [pid for pid in pids if group_alive(pid)], "a server outlived `down`"
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The whole local stack (S3, MLflow, Airflow's components) for one test module."""
-    yield from running_stack(tmp_path_factory.mktemp("stack"))

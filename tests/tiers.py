@@ -41,6 +41,10 @@ SERVER_FIXTURES = frozenset({"s3_endpoint", "mlflow_url", "stack"})
 PROCESS_FIXTURES = frozenset({"airflow_home"})  # runs `airflow db migrate` in a subprocess
 LEGACY = {"slow": "servers"}
 CLUSTER_DIR = Path(__file__).parent / "cluster"
+# Modules that share one running stack (tests/stack/conftest.py): one work unit, run in
+# this order, since the browser test triggers digits again and may crown a new champion,
+# which the stack tests' registry checks must not see.
+SHARED_STACK = ("tests/stack/test_stack.py", "tests/stack/test_browser.py")
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -69,16 +73,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The costliest work units first, the costliest tier first and, within a tier, the
     # most tests first (the longest first is the best greedy order for the workers);
     # stable, so a module keeps its own order.
-    items.sort(key=lambda item: (rank[work_unit(item.nodeid)], -size[work_unit(item.nodeid)]))
+    items.sort(
+        key=lambda item: (
+            rank[work_unit(item.nodeid)],
+            -size[work_unit(item.nodeid)],
+            _place_in_shared_stack(item.nodeid),
+        )
+    )
 
 
 def work_unit(nodeid: str) -> str:
     """What one worker runs whole under ``pytest -n`` (``make test``): the cluster tier
-    (one control plane for the session), else a test's module (its module fixtures,
-    such as the Airflow stack, start once)."""
+    (one control plane for the session), the modules of ``SHARED_STACK`` (one local
+    stack), else a test's module (its module fixtures start once)."""
     if nodeid.startswith("tests/cluster/"):
         return "cluster"
-    return nodeid.split("::", 1)[0]
+    module = nodeid.split("::", 1)[0]
+    return SHARED_STACK[0] if module in SHARED_STACK else module
+
+
+def _place_in_shared_stack(nodeid: str) -> int:
+    module = nodeid.split("::", 1)[0]
+    return SHARED_STACK.index(module) if module in SHARED_STACK else 0
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called only where it runs

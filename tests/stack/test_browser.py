@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import running_stack
 from tideflow.stack.airflow_api import AirflowApi
 
 pytestmark = pytest.mark.browser
@@ -45,14 +44,6 @@ def _browser_missing() -> str | None:
     except ImportError:
         missing.append("the selenium package")
     return ", ".join(missing) or None
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The local stack as ``make demo`` starts it: the lab's teams and the broker."""
-    from tideflow.stack.team_story import BROKER_ENV
-
-    yield from running_stack(tmp_path_factory.mktemp("stack"), BROKER_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -214,9 +205,8 @@ def _show_mlflow_metrics(browser: Any) -> None:
 
 
 def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
-    browser: Any, stack: Any, shots: Path
+    browser: Any, stack: Any, shots: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # ``browser`` first: without Chromium the test skips before a stack starts
     from selenium.webdriver.common.by import By
 
     base = stack.services["airflow"].url
@@ -252,7 +242,10 @@ def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     # 4. The demo's teams story through the broker DAG: the broker lends, vision's
     #    gang borrows inference's idle GPU, the load climbs, the ledger reclaims it.
     from tideflow.stack.__main__ import team_demo
+    from tideflow.stack.team_story import BROKER_ENV
 
+    for name, value in BROKER_ENV.items():  # as `make demo` tells the story
+        monkeypatch.setenv(name, value)
     assert team_demo(stack, api), "the broker reclaimed nothing within the demo's time"
 
     # 5. The tideflow page inside Airflow's navigation (an iframe of /tideflow/).
