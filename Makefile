@@ -11,7 +11,7 @@ PYTEST := $(PY) -m pytest -n $(TEST_JOBS)
 unexport PYTHONDONTWRITEBYTECODE
 .DEFAULT_GOAL := help
 
-.PHONY: help bootstrap browser demo down status cluster cluster-down cluster-pin test test-fast test-processes test-servers test-research test-torch-low lint fmt schema constraints bench docs clean
+.PHONY: help bootstrap browser demo down status cluster cluster-build cluster-down cluster-pin test test-fast test-processes test-servers test-research test-torch-low lint fmt schema constraints bench docs clean
 
 help: ## Show the available targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,13 +37,17 @@ status: ## Show the local stack's servers and login
 cluster: bootstrap ## Build (once per version) and start a real Kubernetes control plane with Kueue, JobSet and kwok nodes on 127.0.0.1
 	$(PY) -m tideflow.stack cluster
 
+cluster-build: bootstrap ## Build the control plane's binaries from Go modules, once per version (without Go the cluster tier skips)
+	@if command -v go >/dev/null 2>&1; then $(PY) -m tideflow.stack.cluster.build; \
+	else echo "Go is not installed: the cluster tier skips where no binaries are cached"; fi
+
 cluster-down: ## Stop the local Kubernetes cluster
 	@if [ -x $(PY) ]; then $(PY) -m tideflow.stack cluster-down; fi
 
 cluster-pin: bootstrap ## Rewrite deploy/cluster/modules from deploy/cluster/versions.env (after changing a version)
 	$(PY) -m tideflow.stack.cluster.pin
 
-test: bootstrap ## Run every test, every tier (tests/tiers.py: unit, processes, servers, browser, cluster, research)
+test: bootstrap cluster-build ## Run every test, every tier (tests/tiers.py: unit, processes, servers, browser, cluster, research)
 	$(PYTEST)
 
 test-fast: bootstrap ## Run the `unit` tier: no process, no server (a test that starts one fails)
