@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,8 +60,28 @@ def gangs(env: dict[str, str]) -> list[dict[str, Any]]:
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
-def start_tideflow_run(pipeline: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    """``tideflow run PIPELINE`` as a user starts it, its output read as text."""
+@pytest.fixture(scope="module")
+def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The metadata DB ``tideflow run`` creates in a new home (``prepare_home``: a real
+    ``airflow db migrate``), made once: each test's home starts with a copy, as on a
+    user's second run, so the interrupt lands in the run, not in the migration."""
+    from tideflow.dag.local_run import prepare_home
+
+    home = tmp_path_factory.mktemp("airflow-run")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIRFLOW_HOME", str(home))
+        prepare_home(home)
+    return home / "airflow.db"
+
+
+def start_tideflow_run(
+    pipeline: Path, env: dict[str, str], migrated_db: Path
+) -> subprocess.Popen[str]:
+    """``tideflow run PIPELINE`` as a user starts it, its output read as text, in the home
+    ``env`` names, its Airflow DB a copy of ``migrated_db``."""
+    airflow_home = Path(env["TIDEFLOW_HOME"]) / "airflow-run"  # `tideflow run`'s default
+    airflow_home.mkdir(parents=True)
+    shutil.copy(migrated_db, airflow_home / "airflow.db")
     return subprocess.Popen(
         [sys.executable, "-m", "tideflow.cli", "run", str(pipeline)],
         env=env,
@@ -76,7 +97,7 @@ def start_tideflow_run(pipeline: Path, env: dict[str, str]) -> subprocess.Popen[
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_tideflow_run_stops_its_gang_and_frees_its_lease(
-    tmp_path: Path, signum: int
+    tmp_path: Path, signum: int, migrated_db: Path
 ) -> None:
     pipeline = tmp_path / "sleepy.yaml"
     pipeline.write_text(
@@ -95,7 +116,7 @@ def test_interrupting_tideflow_run_stops_its_gang_and_frees_its_lease(
     )
     home = tmp_path / "home"
     env = cli_env(home)
-    run = start_tideflow_run(pipeline, env)
+    run = start_tideflow_run(pipeline, env, migrated_db)
     try:
         deadline = time.monotonic() + 180
         rows: list[dict[str, Any]] = []
@@ -128,7 +149,7 @@ def test_interrupting_tideflow_run_stops_its_gang_and_frees_its_lease(
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_a_running_step_ends_the_run_as_interrupted_and_stops_its_process(
-    tmp_path: Path, signum: int
+    tmp_path: Path, signum: int, migrated_db: Path
 ) -> None:
     """A data-prep step runs its entry point in a child process, and the task inside
     ``dag.test()`` gets the interrupt as KeyboardInterrupt, which Airflow's task runner
@@ -162,7 +183,7 @@ def test_interrupting_a_running_step_ends_the_run_as_interrupted_and_stops_its_p
         "PYTHONPATH": str(tmp_path),
         "SLOW_MARKER": str(marker),
     }
-    run = start_tideflow_run(pipeline, env)
+    run = start_tideflow_run(pipeline, env, migrated_db)
     try:
         deadline = time.monotonic() + 180
         while not marker.exists() or not marker.read_text():

@@ -142,51 +142,6 @@ def test_a_parse_for_one_dag_builds_it_and_reports_only_its_own_errors(
     assert "steps[0].data_prep.workerz: unknown field 'workerz'" in bag.import_errors[str(broken)]
 
 
-@pytest.mark.processes
-def test_paused_at_creation_is_how_airflow_creates_the_dag(repo: Path, tmp_path: Path) -> None:
-    """A real `airflow dag-processor` run creates each DAG paused or not, as its file says."""
-    pipelines = tmp_path / "pipelines"
-    pipelines.mkdir()
-    digits = (repo / "pipelines" / "digits.yaml").read_text()
-    shutil.copy(repo / "pipelines" / "digits.yaml", pipelines)  # unset: Airflow's default
-    for name, paused in (("active", "false"), ("held", "true")):
-        (pipelines / f"{name}.yaml").write_text(
-            digits.replace("  name: digits\n", f"  name: {name}\n  paused_at_creation: {paused}\n")
-        )
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
-        "TIDEFLOW_PIPELINES_DIR": str(pipelines),
-    }
-    probe = (
-        "from airflow.dag_processing.dagbag import DagBag\n"
-        f"bag = DagBag(dag_folder={str(repo / 'dags' / 'tideflow_pipelines.py')!r})\n"
-        "assert not bag.import_errors, bag.import_errors\n"
-        "print({d: bag.dags[d].is_paused_upon_creation for d in sorted(bag.dag_ids)})\n"
-    )
-    airflow = str(Path(sys.executable).with_name("airflow"))
-
-    def run(*args: str) -> str:
-        done = subprocess.run(
-            args, env=env, capture_output=True, text=True, timeout=180, check=False
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
-
-    assert "{'active': False, 'digits': None, 'held': True}" in run(sys.executable, "-c", probe)
-    run(airflow, "db", "migrate")
-    run(airflow, "dag-processor", "--num-runs", "1")
-    listed = run(airflow, "dags", "list", "-o", "json")
-    dags = json.loads(listed[listed.index("\n[") + 1 :] if not listed.startswith("[") else listed)
-    # Airflow's [core] dags_are_paused_at_creation is true unless a deployment changes it
-    assert {d["dag_id"]: str(d["is_paused"]) for d in dags} == {
-        "active": "False",
-        "digits": "True",
-        "held": "True",
-    }
-
-
 def test_duplicate_pipeline_names_are_an_import_error(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,43 +204,94 @@ def test_compiled_dag_matches_golden(repo: Path, pipeline: str) -> None:
     )
 
 
-@pytest.mark.processes
-def test_dag_processor_records_the_yaml_file_in_list_import_errors(
-    repo: Path, tmp_path: Path
-) -> None:
-    """Real `airflow dag-processor` run; the error is read back with the Airflow CLI."""
-    pipelines = tmp_path / "pipelines"
-    pipelines.mkdir()
-    shutil.copy(repo / "pipelines" / "digits.yaml", pipelines)
-    broken = pipelines / "broken.yaml"
-    broken.write_text(
-        "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata: {name: broken, team: x}\n"
-        "steps:\n  - name: a\n    needs: [nope]\n    data_prep: {entrypoint: 'm:f'}\n"
-    )
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(tmp_path / "airflow"),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
-        "TIDEFLOW_PIPELINES_DIR": str(pipelines),
-    }
-    airflow = str(Path(sys.executable).with_name("airflow"))
+UNKNOWN_NEEDS = (
+    "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata: {name: broken, team: x}\n"
+    "steps:\n  - name: a\n    needs: [nope]\n    data_prep: {entrypoint: 'm:f'}\n"
+)
 
-    def run(*args: str, ok: tuple[int, ...] = (0,)) -> str:
+
+class ProcessedHome:
+    """An Airflow home whose metadata DB one real ``airflow dag-processor`` run filled
+    from a pipelines folder: digits as shipped (``paused_at_creation`` unset), ``active``
+    and ``held`` (set to false and true) and ``broken.yaml`` (an unknown ``needs``)."""
+
+    def __init__(self, repo: Path, root: Path) -> None:
+        self.pipelines = root / "pipelines"
+        self.pipelines.mkdir()
+        digits = (repo / "pipelines" / "digits.yaml").read_text()
+        shutil.copy(repo / "pipelines" / "digits.yaml", self.pipelines)
+        for name, paused in (("active", "false"), ("held", "true")):
+            (self.pipelines / f"{name}.yaml").write_text(
+                digits.replace(
+                    "  name: digits\n", f"  name: {name}\n  paused_at_creation: {paused}\n"
+                )
+            )
+        self.broken = self.pipelines / "broken.yaml"
+        self.broken.write_text(UNKNOWN_NEEDS)
+        self.env = {
+            **os.environ,
+            "AIRFLOW_HOME": str(root / "airflow"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
+            "TIDEFLOW_PIPELINES_DIR": str(self.pipelines),
+        }
+        self.airflow("db", "migrate")
+        self.airflow("dag-processor", "--num-runs", "1")
+
+    def run(self, *args: str, ok: tuple[int, ...] = (0,)) -> str:
         done = subprocess.run(
-            [airflow, *args], env=env, capture_output=True, text=True, timeout=180, check=False
+            args, env=self.env, capture_output=True, text=True, timeout=180, check=False
         )
         assert done.returncode in ok, done.stderr[-3000:]
         return done.stdout
 
-    def json_out(text: str) -> list[dict[str, str]]:
-        # Airflow's CLI prints its Python warnings on stdout before the JSON
-        return json.loads(text[text.index("\n[") + 1 :] if not text.startswith("[") else text)
+    def airflow(self, *args: str, ok: tuple[int, ...] = (0,)) -> str:
+        return self.run(str(Path(sys.executable).with_name("airflow")), *args, ok=ok)
 
-    run("db", "migrate")
-    run("dag-processor", "--num-runs", "1")
+    def airflow_json(self, *args: str, ok: tuple[int, ...] = (0,)) -> list[dict[str, str]]:
+        text = self.airflow(*args, "-o", "json", ok=ok)
+        # Airflow's CLI prints its Python warnings on stdout before the JSON
+        return list(json.loads(text[text.index("\n[") + 1 :] if not text.startswith("[") else text))
+
+
+@pytest.fixture(scope="module")
+def processed(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> ProcessedHome:
+    return ProcessedHome(repo, tmp_path_factory.mktemp("dag-processor"))
+
+
+@pytest.mark.processes
+def test_paused_at_creation_is_how_airflow_creates_the_dag(
+    repo: Path, processed: ProcessedHome
+) -> None:
+    """A real `airflow dag-processor` run creates each DAG paused or not, as its file says."""
+    probe = (
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(repo / 'dags' / 'tideflow_pipelines.py')!r})\n"
+        "print({d: bag.dags[d].is_paused_upon_creation for d in sorted(bag.dag_ids)})\n"
+    )
+    assert "{'active': False, 'digits': None, 'held': True}" in processed.run(
+        sys.executable, "-c", probe
+    )
+    dags = processed.airflow_json("dags", "list")
+    # Airflow's [core] dags_are_paused_at_creation is true unless a deployment changes it
+    assert {d["dag_id"]: str(d["is_paused"]) for d in dags} == {
+        "active": "False",
+        "digits": "True",
+        "held": "True",
+    }
+
+
+@pytest.mark.processes
+def test_dag_processor_records_the_yaml_file_in_list_import_errors(
+    processed: ProcessedHome,
+) -> None:
+    """Real `airflow dag-processor` run; the error is read back with the Airflow CLI."""
     # the command exits 1 when there are import errors
-    errors = json_out(run("dags", "list-import-errors", "-o", "json", ok=(1,)))
-    assert [e["filepath"] for e in errors] == [str(broken)]
-    assert f"{broken}:6:13: steps[0].needs[0]: unknown step 'nope'" in errors[0]["error"]
-    dags = json_out(run("dags", "list", "-o", "json"))
-    assert [d["dag_id"] for d in dags] == ["digits"]
+    errors = processed.airflow_json("dags", "list-import-errors", ok=(1,))
+    assert [e["filepath"] for e in errors] == [str(processed.broken)]
+    assert f"{processed.broken}:6:13: steps[0].needs[0]: unknown step 'nope'" in errors[0]["error"]
+    # the broken file hides none of the others
+    assert sorted(d["dag_id"] for d in processed.airflow_json("dags", "list")) == [
+        "active",
+        "digits",
+        "held",
+    ]

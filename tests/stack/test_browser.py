@@ -187,6 +187,13 @@ def _trigger_through_the_form(browser: Any, base: str, api: AirflowApi, shots: P
     return new[0]
 
 
+def _step_away(browser: Any) -> None:
+    """Leave the open page while the test waits minutes for the stack: Airflow's pages
+    poll the API server and re-render, a third of a core or more between the renderer and
+    the server, taken from the run waited for on a small machine."""
+    browser.get("about:blank")
+
+
 def _show_mlflow_metrics(browser: Any) -> None:
     """Cosmetic, for the screenshot: close MLflow's assistant panel, scroll to the metrics."""
     from selenium.common.exceptions import WebDriverException
@@ -220,6 +227,7 @@ def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
     # 2. Trigger digits through its form with a changed parameter; wait for success.
     run = _trigger_through_the_form(browser, base, api, shots)
     assert run["conf"]["epochs"] == CHANGED_EPOCHS, json.dumps(run["conf"])
+    _step_away(browser)
     assert api.wait_for_run("digits", run["dag_run_id"], timeout_s=600) == "success"
     quoted = urllib.parse.quote(run["dag_run_id"], safe="")
     browser.get(f"{base}/dags/digits/runs/{quoted}")
@@ -246,6 +254,7 @@ def test_trigger_digits_from_the_ui_and_open_the_tideflow_page(
 
     for name, value in BROKER_ENV.items():  # as `make demo` tells the story
         monkeypatch.setenv(name, value)
+    _step_away(browser)
     assert team_demo(stack, api), "the broker reclaimed nothing within the demo's time"
 
     # 5. The tideflow page inside Airflow's navigation (an iframe of /tideflow/).
