@@ -64,7 +64,7 @@ def gangs(env: dict[str, str]) -> list[dict[str, Any]]:
 def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The metadata DB ``tideflow run`` creates in a new home (``prepare_home``: a real
     ``airflow db migrate``), made once: each test's home starts with a copy, as on a
-    user's second run, so the interrupt lands in the run, not in the migration."""
+    user's second run, so each test pays for its run and its interrupt, not a migration."""
     from tideflow.dag.local_run import prepare_home
 
     home = tmp_path_factory.mktemp("airflow-run")
