@@ -32,6 +32,7 @@ from tideflow.broker.service import BUDGET_S, lend_bound, rebalance_once
 
 CONFIG = PolicyConfig(total_gpus=32, per_gpu_rps=1.0, node_gpus=8, headroom=0.0)
 STEP = 600.0
+HOUR = 3600.0  # a day of steps, hourly: the budget weighs the journal, not the cadence
 # 5 rps in every window, the ones before time 0 included (a week of history at 7200 s).
 FLAT = WindowedLoad(5.0, STEP, ended_only=True, from_s=-math.inf)
 
@@ -112,9 +113,9 @@ def test_the_kubernetes_broker_weighs_its_journal_against_the_budget(
     journal = DecisionJournal(tmp_path / "broker.db")
     actuator = actuator_for(fake, api)
     start = 10 * 86400.0
-    for index in range(144):  # a day of steps at the flat load: nothing to move
-        rebalance_once(FLAT, actuator, CONFIG, journal, now_s=start + index * STEP)
-    now = start + 144 * STEP
+    for index in range(24):  # a day of steps at the flat load: nothing to move
+        rebalance_once(FLAT, actuator, CONFIG, journal, now_s=start + index * HOUR)
+    now = start + 24 * HOUR
     work = journal.training_work(now - BUDGET_S, now)
     assert work is not None and work.stopped_gpus == 0
     assert work.trained_gpu_s == pytest.approx(20 * 86400.0)
@@ -261,9 +262,9 @@ def test_kueues_preemptions_of_training_count_against_the_budget_once_each(
     fake.fake.create(workload("prep", 3, 0))  # CPU only: not the broker's GPUs
     other = fake.fake.create(workload("notebook", 1, 8, gang=False))  # no tideflow gang
     start = time.time() + 1.0  # the steps' clock: the workloads above came before it
-    for index in range(144):  # a day of steps, training on 20 GPUs, nothing stopped
-        rebalance_once(FLAT, actuator, CONFIG, journal, now_s=start + index * STEP)
-    now = start + 144 * STEP
+    for index in range(24):  # a day of steps, training on 20 GPUs, nothing stopped
+        rebalance_once(FLAT, actuator, CONFIG, journal, now_s=start + index * HOUR)
+    now = start + 24 * HOUR
     assert "lend bound x0.78" in rebalance_once(FLAT, actuator, CONFIG, journal, now)[0].reason
 
     fake.fake.set_status(a, preempted(1))
