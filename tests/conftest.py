@@ -7,6 +7,8 @@ module imports Airflow. Nothing in the developer's own Airflow home is touched.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
@@ -45,6 +47,27 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@contextlib.contextmanager
+def made_once(factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[Path, bool]]:
+    """A directory of this run, ``name``, and whether the caller is to fill it: the
+    first test worker to ask fills it (True) while the others wait, and they then
+    find it filled (False). For deterministic results that tests of several modules
+    compare against (the digits reference run): one run of it, not one per module."""
+    root = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's, shared by its workers
+    directory, done = root / f"once-{name}", root / f"once-{name}.done"
+    with open(root / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            yield directory, False
+            return
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir()
+        yield directory, True
+        done.touch()
 
 
 @pytest.fixture(scope="session")

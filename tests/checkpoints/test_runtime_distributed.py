@@ -8,6 +8,7 @@ checkpoint and end with weights bitwise equal to an uninterrupted run.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import made_once
 from tideflow.backends import GangJob, GangState, WorkerSlot
 from tideflow.backends.local import LocalBackend
 from tideflow.checkpoint import CheckpointManager
@@ -30,17 +32,20 @@ pytestmark = pytest.mark.processes
 
 @pytest.fixture(scope="module")
 def splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("digits")
-    ctx = StepContext(
-        pipeline="digits",
-        team="t",
-        step="prep",
-        dag_id="digits",
-        run_id="r",
-        try_number=1,
-        artifact_root=root.as_uri(),
-    )
-    return prepare(ctx)
+    """The digits splits, prepared once for the run's test workers."""
+    with made_once(tmp_path_factory, "digits-splits") as (root, fresh):
+        if fresh:
+            ctx = StepContext(
+                pipeline="digits",
+                team="t",
+                step="prep",
+                dag_id="digits",
+                run_id="r",
+                try_number=1,
+                artifact_root=root.as_uri(),
+            )
+            (root / "splits.json").write_text(json.dumps(prepare(ctx)))
+        return dict(json.loads((root / "splits.json").read_text()))
 
 
 def job(
@@ -100,16 +105,20 @@ def wait_for_step(log: Path, step: int, timeout_s: float = 120) -> None:
 def reference(
     splits: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[int, dict[str, torch.Tensor]]:
-    root = tmp_path_factory.mktemp("reference")
-    backend = LocalBackend(root / "gangs")
-    checkpoints = (root / "ckpt").as_uri()
-    backend.submit(job("reference", splits, checkpoints))
-    status = backend.wait("reference", 300)
-    log = backend.log_path("reference").read_text()
-    assert status.state is GangState.SUCCEEDED, log[-3000:]
-    accuracy = float(re.findall(r'"val_accuracy": ([0-9.]+)', log)[-1])
-    assert accuracy >= 0.93, log[-2000:]  # 6 epochs here; the pipeline's 10 reach >= 0.95
-    return final_weights(checkpoints)
+    """The uninterrupted run the interrupted ones must equal bitwise: the same command
+    on the same splits, so run once for the run's test workers (the broker and teams
+    modules compare against it too)."""
+    with made_once(tmp_path_factory, "digits-reference") as (root, fresh):
+        checkpoints = (root / "ckpt").as_uri()
+        if fresh:
+            backend = LocalBackend(root / "gangs")
+            backend.submit(job("reference", splits, checkpoints))
+            status = backend.wait("reference", 300)
+            log = backend.log_path("reference").read_text()
+            assert status.state is GangState.SUCCEEDED, log[-3000:]
+            accuracy = float(re.findall(r'"val_accuracy": ([0-9.]+)', log)[-1])
+            assert accuracy >= 0.93, log[-2000:]  # 6 epochs; the pipeline's 10 reach >= 0.95
+        return final_weights(checkpoints)
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
