@@ -6,6 +6,11 @@ path that reads checkpoints: ``latest()`` and resume fall back to the older
 one, loading the damaged step by name fails with a reason, and retention keeps
 the valid one even when asked to keep a single checkpoint.
 
+Every tamper runs on disk. On S3 run the tampers an object store may answer
+differently from a file system (``ON_OBJECTS``: an object missing, empty, cut,
+changed or copied, a key of another step or one that climbs out with ``..``); an
+edit of the manifest's JSON reads back the same from both.
+
 Manifest edits marked "resealed" recompute the manifest's digest of its own
 body, so the edit is caught by the structural check it targets and not merely
 by the digest. The digest is computed here from its specification (SHA-256 of
@@ -338,24 +343,53 @@ TAMPERS = [
 ]
 
 
+ON_OBJECTS = frozenset(
+    {
+        "manifest_truncated",
+        "manifest_empty",
+        "manifest_not_utf8",
+        "manifest_copied_from_older_step",
+        "manifest_deleted",
+        "shard_key_in_another_step",
+        "shard_key_escapes_with_dotdot",
+        "shard_size_wrong",
+        "shard_truncated",
+        "shard_bit_flipped",
+        "shard_emptied",
+        "shard_deleted",
+        "shard_replaced_by_older_step",
+    }
+)
 # The s3 store starts the session's SeaweedFS: those tests are in the servers tier.
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.servers)])
-def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "file":
-        return (tmp_path / "checkpoints").as_uri()
+CASES = [
+    *(pytest.param(("file", t), id=f"file-{t.name}") for t in TAMPERS),
+    *(
+        pytest.param(("s3", t), id=f"s3-{t.name}", marks=pytest.mark.servers)
+        for t in TAMPERS
+        if t.name in ON_OBJECTS
+    ),
+]
+
+
+@pytest.fixture(params=CASES)
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Tamper]:
+    """(a new store's URI, the tamper)."""
+    store, tamper = request.param
+    if store == "file":
+        return (tmp_path / "checkpoints").as_uri(), tamper
     request.getfixturevalue("s3_endpoint")  # the real SeaweedFS server of the session
-    return f"s3://tideflow/tests/tamper/{uuid.uuid4().hex}"
-
-
-@pytest.fixture(params=TAMPERS, ids=lambda tamper: tamper.name)
-def tamper(request: pytest.FixtureRequest) -> Tamper:
-    assert isinstance(request.param, Tamper)
-    return request.param
+    return f"s3://tideflow/tests/tamper/{uuid.uuid4().hex}", tamper
 
 
 @pytest.fixture
-def tampered(store_uri: str, tamper: Tamper) -> tuple[str, str]:
+def tamper(case: tuple[str, Tamper]) -> Tamper:
+    return case[1]
+
+
+@pytest.fixture
+def tampered(case: tuple[str, Tamper]) -> tuple[str, str]:
     """(store URI, checksum of the old step's manifest) after tampering with the new step."""
+    store_uri, tamper = case
     save_gang_checkpoint(store_uri, OLD)
     save_gang_checkpoint(store_uri, NEW)
     manager = CheckpointManager(store_uri)
@@ -369,6 +403,7 @@ def tampered(store_uri: str, tamper: Tamper) -> tuple[str, str]:
 def test_the_tamper_kinds_are_distinct_and_enough() -> None:
     names = [tamper.name for tamper in TAMPERS]
     assert len(set(names)) == len(names) >= 26
+    assert set(names) >= ON_OBJECTS
 
 
 def test_latest_and_resume_fall_back_to_the_older_valid_checkpoint(
