@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -56,6 +57,26 @@ def compiled(tmp_path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return yaml.safe_load(text), {"TIDEFLOW_HOME": str(tmp_path / "home")}
 
 
+@pytest.fixture(scope="module")
+def migrated_mlflow(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow SQLite store with MLflow's schema made, once: a step's process that
+    opens a new store spends about 3.5 s of CPU making it."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+@pytest.fixture
+def tracking(tmp_path: Path, migrated_mlflow: Path) -> str:
+    """The tracking URI of this test's own MLflow store, ``tmp_path/mlflow.db`` (where
+    ``compiled`` points the workflow), empty and migrated."""
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(migrated_mlflow, db)
+    return f"sqlite:///{db}"
+
+
 @pytest.fixture
 def cluster() -> Iterator[KubeFake]:
     with gang_cluster() as cluster:
@@ -91,7 +112,9 @@ def test_data_prep_runs_the_digits_entry_point_and_writes_its_outputs(tmp_path: 
 
 
 @pytest.mark.processes
-def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFake) -> None:
+def test_the_compiled_workflow_runs_step_by_step(
+    tmp_path: Path, cluster: KubeFake, tracking: str
+) -> None:
     from mlflow.tracking import MlflowClient
 
     workflow, env = compiled(tmp_path)
@@ -129,7 +152,7 @@ def test_the_compiled_workflow_runs_step_by_step(tmp_path: Path, cluster: KubeFa
     assert set(metrics) == {"accuracy", "loss"} and metrics["accuracy"] > 0.8
     assert float(evaluated["accuracy"]) == metrics["accuracy"]
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=tracking)
     experiment = client.get_experiment_by_name("digits")
     (run,) = client.search_runs([experiment.experiment_id], "tags.`tideflow.step` = 'evaluate'")
     assert run.data.metrics == metrics and run.info.status == "FINISHED"
@@ -195,14 +218,16 @@ def assert_champion_states_its_requirements_and_loads_without_tideflow(
 
 
 @pytest.mark.processes
-def test_the_exit_handler_closes_a_failed_workflows_run_as_failed(tmp_path: Path) -> None:
+def test_the_exit_handler_closes_a_failed_workflows_run_as_failed(
+    tmp_path: Path, tracking: str
+) -> None:
     from mlflow.tracking import MlflowClient
 
     workflow, env = compiled(tmp_path)
     run_task(workflow, "prepare-data", tmp_path / "out", done={}, workflow_name=WORKFLOW, env=env)
     # the training step failed, say: Argo runs the exit handler with that status
     run_exit_handler(workflow, tmp_path / "out", workflow_name=WORKFLOW, env=env, status="Failed")
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=tracking)
     experiment = client.get_experiment_by_name("digits")
     (parent,) = client.search_runs(
         [experiment.experiment_id], "tags.`tideflow.kind` = 'pipeline-run'"
@@ -289,13 +314,18 @@ def scored_store(tmp_path: Path) -> str:
     ],
 )
 def test_the_evaluation_executor_scores_the_checkpoint_its_checkpoint_field_names(
-    tmp_path: Path, choice: str, keep_best: dict[str, str] | None, step: int, says: str
+    tmp_path: Path,
+    tracking: str,
+    *,
+    choice: str,
+    keep_best: dict[str, str] | None,
+    step: int,
+    says: str,
 ) -> None:
     """As an Argo step: outputs and the MLflow run say which checkpoint and why; a fallback
     to the latest is logged."""
     from mlflow.tracking import MlflowClient
 
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = {
         "entrypoint": "tests.step_entrypoints:score_checkpoint",
         "args": {},
@@ -352,12 +382,13 @@ def test_a_damaged_best_checkpoint_is_skipped_for_the_next_best(tmp_path: Path) 
 
 
 @pytest.mark.processes
-def test_a_gate_metric_the_evaluation_lacks_fails_the_promotion_step(tmp_path: Path) -> None:
+def test_a_gate_metric_the_evaluation_lacks_fails_the_promotion_step(
+    tmp_path: Path, tracking: str
+) -> None:
     """Exit 1 with the reason (old: exit 0, "not promoted"); the promotion's MLflow run is
     closed FAILED saying why; nothing is registered and no output is written."""
     from mlflow.tracking import MlflowClient
 
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = {
         "model": "auc-model",
         "alias": "champion",
