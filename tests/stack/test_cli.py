@@ -270,3 +270,22 @@ def test_plan_shows_the_priority_class_of_gang_steps(tmp_path: Path) -> None:
         "     priority: 5 (the step's own, unless the cluster file gives team vision "
         "a default class)\n"
     ) in unknown.stdout
+
+
+def test_the_demos_broker_steps_wait_as_long_as_a_broker_run_may_take(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A triggered broker run may queue behind a scheduled one (the DAG allows one active
+    run), then sense for up to TIDEFLOW_BROKER_SENSE_S and wait out a reclaim's grace.
+    The teams story waited 180 s for each run (the lab's sense alone is 150 s), and in a
+    busy test run it gave up on a run still going."""
+    from tideflow.stack.__main__ import broker_run_bound_s
+    from tideflow.stack.team_story import BROKER_ENV
+
+    for name, value in BROKER_ENV.items():
+        monkeypatch.setenv(name, value)
+    sense = float(BROKER_ENV["TIDEFLOW_BROKER_SENSE_S"])
+    grace = float(BROKER_ENV["TIDEFLOW_BROKER_GRACE_S"])
+    assert broker_run_bound_s() > 2 * (sense + grace)
+    monkeypatch.setenv("TIDEFLOW_BROKER_SENSE_S", "10")
+    assert broker_run_bound_s() == 2 * (10 + grace) + 120

@@ -86,13 +86,28 @@ def describe(state: StackState) -> str:
     return "\n".join(lines)
 
 
-def broker_step(api: AirflowApi, timeout_s: float = 180) -> Callable[[], str]:
-    """One broker step through Airflow: a run of the broker DAG, waited for."""
+def broker_run_bound_s() -> float:
+    """How long a triggered run of the broker DAG may take: its sensor's bound
+    (``TIDEFLOW_BROKER_SENSE_S``) and a reclaim's grace (``TIDEFLOW_BROKER_GRACE_S``),
+    twice, since a scheduled run may be the DAG's one active run when it is triggered,
+    and two minutes for the scheduler to start the tasks."""
+    from tideflow.broker.settings import BrokerSettings
+
+    settings = BrokerSettings.from_env()
+    grace = settings.grace_s if settings is not None else 0.0
+    return 2 * (registry.number("TIDEFLOW_BROKER_SENSE_S") + grace) + 120
+
+
+def broker_step(api: AirflowApi, timeout_s: float | None = None) -> Callable[[], str]:
+    """One broker step through Airflow: a run of the broker DAG, waited for at most
+    ``timeout_s`` (by default as long as one may take: ``broker_run_bound_s``)."""
     from tideflow.broker.settings import BROKER_DAG_ID
+
+    bound = broker_run_bound_s() if timeout_s is None else timeout_s
 
     def step() -> str:
         run_id = api.trigger(BROKER_DAG_ID)
-        return api.wait_for_run(BROKER_DAG_ID, run_id, timeout_s)
+        return api.wait_for_run(BROKER_DAG_ID, run_id, bound)
 
     return step
 
