@@ -38,7 +38,8 @@ import pytest
 
 TIERS = ("cluster", "browser", "servers", "processes", "research", "unit")
 SERVER_FIXTURES = frozenset({"s3_endpoint", "mlflow_url", "stack"})
-PROCESS_FIXTURES = frozenset({"airflow_home"})  # runs `airflow db migrate` in a subprocess
+# these run `airflow db migrate` in a subprocess (the first worker to ask, once a run)
+PROCESS_FIXTURES = frozenset({"airflow_home", "migrated_airflow_db"})
 LEGACY = {"slow": "servers"}
 CLUSTER_DIR = Path(__file__).parent / "cluster"
 # Modules that share one running stack (tests/stack/conftest.py): one work unit, run in

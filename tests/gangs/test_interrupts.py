@@ -60,28 +60,23 @@ def gangs(env: dict[str, str]) -> list[dict[str, Any]]:
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module")
-def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The metadata DB ``tideflow run`` creates in a new home (``prepare_home``: a real
-    ``airflow db migrate``), made once: each test's home starts with a copy, as on a
-    user's second run, so each test pays for its run and its interrupt, not a migration."""
-    from tideflow.dag.local_run import prepare_home
-
-    home = tmp_path_factory.mktemp("airflow-run")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIRFLOW_HOME", str(home))
-        prepare_home(home)
-    return home / "airflow.db"
+def running_gangs(home: Path, backend: LocalBackend) -> list[str]:
+    """The gangs of ``home`` that run, read as `tideflow gangs` reads them."""
+    if not (home / "leases.db").exists():
+        return []
+    rows = gang_rows(LeaseLedger(home / "leases.db", detect_local()), backend)
+    return [row.gang_id for row in rows if row.state == "running"]
 
 
 def start_tideflow_run(
-    pipeline: Path, env: dict[str, str], migrated_db: Path
+    pipeline: Path, env: dict[str, str], migrated_airflow_db: Path
 ) -> subprocess.Popen[str]:
     """``tideflow run PIPELINE`` as a user starts it, its output read as text, in the home
-    ``env`` names, its Airflow DB a copy of ``migrated_db``."""
+    ``env`` names, its Airflow DB a copy of ``migrated_airflow_db`` (tests/conftest.py),
+    as on a user's second run: each test pays for its run and its interrupt."""
     airflow_home = Path(env["TIDEFLOW_HOME"]) / "airflow-run"  # `tideflow run`'s default
     airflow_home.mkdir(parents=True)
-    shutil.copy(migrated_db, airflow_home / "airflow.db")
+    shutil.copy(migrated_airflow_db, airflow_home / "airflow.db")
     return subprocess.Popen(
         [sys.executable, "-m", "tideflow.cli", "run", str(pipeline)],
         env=env,
@@ -97,7 +92,7 @@ def start_tideflow_run(
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_tideflow_run_stops_its_gang_and_frees_its_lease(
-    tmp_path: Path, signum: int, migrated_db: Path
+    tmp_path: Path, signum: int, migrated_airflow_db: Path
 ) -> None:
     pipeline = tmp_path / "sleepy.yaml"
     pipeline.write_text(
@@ -116,18 +111,18 @@ def test_interrupting_tideflow_run_stops_its_gang_and_frees_its_lease(
     )
     home = tmp_path / "home"
     env = cli_env(home)
-    run = start_tideflow_run(pipeline, env, migrated_db)
+    run = start_tideflow_run(pipeline, env, migrated_airflow_db)
     try:
         deadline = time.monotonic() + 180
-        rows: list[dict[str, Any]] = []
-        while not any(row["state"] == "running" for row in rows):
+        backend = LocalBackend(home / "gangs")
+        # Waited for in this process: a `tideflow gangs` process every half second would
+        # take a core from the start it waits for. The command is asked once it runs.
+        while not running_gangs(home, backend):
             assert run.poll() is None and time.monotonic() < deadline, "the gang never ran"
             time.sleep(0.5)
-            rows = gangs(env) if (home / "leases.db").exists() else []
-        (row,) = rows
+        (row,) = gangs(env)
         assert row["team"] == "qa" and row["devices"] == 2 and row["holder"]
         assert row["gang_id"].startswith("sleepy/") and row["gang_id"].endswith("/train")
-        backend = LocalBackend(home / "gangs")
         log = backend.log_path(row["gang_id"]).read_text()
         pids = [int(pid) for pid in re.findall(r"rank \d+: pid (\d+)", log)]
         supervisor = int((backend.gang_dir(row["gang_id"]) / "supervisor.pid").read_text())
@@ -149,7 +144,7 @@ def test_interrupting_tideflow_run_stops_its_gang_and_frees_its_lease(
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_a_running_step_ends_the_run_as_interrupted_and_stops_its_process(
-    tmp_path: Path, signum: int, migrated_db: Path
+    tmp_path: Path, signum: int, migrated_airflow_db: Path
 ) -> None:
     """A data-prep step runs its entry point in a child process, and the task inside
     ``dag.test()`` gets the interrupt as KeyboardInterrupt, which Airflow's task runner
@@ -183,7 +178,7 @@ def test_interrupting_a_running_step_ends_the_run_as_interrupted_and_stops_its_p
         "PYTHONPATH": str(tmp_path),
         "SLOW_MARKER": str(marker),
     }
-    run = start_tideflow_run(pipeline, env, migrated_db)
+    run = start_tideflow_run(pipeline, env, migrated_airflow_db)
     try:
         deadline = time.monotonic() + 180
         while not marker.exists() or not marker.read_text():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import airflow_home_from
 from tests.dag_summary import summarize
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -215,7 +217,7 @@ class ProcessedHome:
     from a pipelines folder: digits as shipped (``paused_at_creation`` unset), ``active``
     and ``held`` (set to false and true) and ``broken.yaml`` (an unknown ``needs``)."""
 
-    def __init__(self, repo: Path, root: Path) -> None:
+    def __init__(self, repo: Path, root: Path, migrated_db: Path) -> None:
         self.pipelines = root / "pipelines"
         self.pipelines.mkdir()
         digits = (repo / "pipelines" / "digits.yaml").read_text()
@@ -234,7 +236,7 @@ class ProcessedHome:
             "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
             "TIDEFLOW_PIPELINES_DIR": str(self.pipelines),
         }
-        self.airflow("db", "migrate")
+        airflow_home_from(migrated_db, root / "airflow")  # as `airflow db migrate` leaves it
         self.airflow("dag-processor", "--num-runs", "1")
 
     def run(self, *args: str, ok: tuple[int, ...] = (0,)) -> str:
@@ -247,6 +249,11 @@ class ProcessedHome:
     def airflow(self, *args: str, ok: tuple[int, ...] = (0,)) -> str:
         return self.run(str(Path(sys.executable).with_name("airflow")), *args, ok=ok)
 
+    @functools.cached_property
+    def listed(self) -> list[dict[str, str]]:
+        """``airflow dags list``: what the processed home holds (asked once)."""
+        return self.airflow_json("dags", "list")
+
     def airflow_json(self, *args: str, ok: tuple[int, ...] = (0,)) -> list[dict[str, str]]:
         text = self.airflow(*args, "-o", "json", ok=ok)
         # Airflow's CLI prints its Python warnings on stdout before the JSON
@@ -254,8 +261,10 @@ class ProcessedHome:
 
 
 @pytest.fixture(scope="module")
-def processed(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> ProcessedHome:
-    return ProcessedHome(repo, tmp_path_factory.mktemp("dag-processor"))
+def processed(
+    repo: Path, tmp_path_factory: pytest.TempPathFactory, migrated_airflow_db: Path
+) -> ProcessedHome:
+    return ProcessedHome(repo, tmp_path_factory.mktemp("dag-processor"), migrated_airflow_db)
 
 
 @pytest.mark.processes
@@ -271,7 +280,7 @@ def test_paused_at_creation_is_how_airflow_creates_the_dag(
     assert "{'active': False, 'digits': None, 'held': True}" in processed.run(
         sys.executable, "-c", probe
     )
-    dags = processed.airflow_json("dags", "list")
+    dags = processed.listed
     # Airflow's [core] dags_are_paused_at_creation is true unless a deployment changes it
     assert {d["dag_id"]: str(d["is_paused"]) for d in dags} == {
         "active": "False",
@@ -290,7 +299,7 @@ def test_dag_processor_records_the_yaml_file_in_list_import_errors(
     assert [e["filepath"] for e in errors] == [str(processed.broken)]
     assert f"{processed.broken}:6:13: steps[0].needs[0]: unknown step 'nope'" in errors[0]["error"]
     # the broken file hides none of the others
-    assert sorted(d["dag_id"] for d in processed.airflow_json("dags", "list")) == [
+    assert sorted(d["dag_id"] for d in processed.listed) == [
         "active",
         "digits",
         "held",
