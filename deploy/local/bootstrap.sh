@@ -13,9 +13,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-# torch is pinned to the CPU build (2.13.0); an unpinned torch would pull a
-# multi-GB CUDA build. hf and lightning: the training-framework integrations
-# (tideflow.integrations), installed so their tests run rather than skip.
+# torch is pinned (2.13.0). PyPI's Linux wheel is the CUDA build, several GB, which
+# also runs on a machine without a GPU; pip's cache keeps it. hf and lightning: the
+# training-framework integrations (tideflow.integrations), installed so their tests
+# run rather than skip.
 # docs: mkdocs-material, so `make docs` builds the site.
 .venv/bin/python -m pip install --quiet -c deploy/local/constraints.txt \
   -e '.[platform,dev,hf,lightning,docs]'
