@@ -20,9 +20,6 @@ from tideflow.backends.local import LocalBackend
 from tideflow.checkpoint import CheckpointManager
 
 WORKERS = 2
-# Two workers share this machine's cores: one thread each keeps them from
-# fighting over the cores (and keeps a step's time steady).
-THREADS = {"OMP_NUM_THREADS": "1"}
 
 
 def gang(
@@ -46,7 +43,7 @@ def gang(
             str(root / "out"),
             *extra,
         ),
-        env={**THREADS, **env},
+        env=env,
         slots=tuple(WorkerSlot(rank, "localhost", ()) for rank in range(WORKERS)),
         device_class="cpu",
         emulated=False,

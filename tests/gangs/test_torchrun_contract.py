@@ -128,6 +128,8 @@ def test_an_unmodified_torchrun_script_runs_as_a_local_gang(
     status = backend.wait(job.gang_id, 120)
     assert status.state is GangState.SUCCEEDED, backend.log_path(job.gang_id).read_text()[-3000:]
     ours = reports(out)
+    # two workers on one machine: one thread each, as torchrun sets OMP_NUM_THREADS
+    assert [ours[r]["threads"] for r in (0, 1)] == [torchrun[r]["threads"] for r in (0, 1)]
     assert_same_contract(ours, torchrun)
     environment = ours[1]["environment"]
     assert environment["LOCAL_RANK"] == "1" and environment["LOCAL_WORLD_SIZE"] == "2"

@@ -110,6 +110,7 @@ def main() -> None:
             b"".join(p.detach().numpy().tobytes() for p in model.module.parameters())
         ).hexdigest(),
         "environment": {name: os.environ.get(name) for name in TORCHRUN_VARIABLES},
+        "threads": torch.get_num_threads(),
     }
     (out / f"rank-{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()

@@ -22,7 +22,8 @@ def worker_env(job: GangJob, slot: WorkerSlot, port: int, restarts: int) -> dict
     distributed/elastic/agent/server/local_elastic_agent.py), and tideflow's.
 
     A node is torchrun's group: its workers share LOCAL_WORLD_SIZE, GROUP_RANK
-    is the node's place among the gang's nodes, in slot order. The step's outputs
+    is the node's place among the gang's nodes, in slot order; workers sharing a node
+    get one OpenMP thread each, as torchrun gives them. The step's outputs
     file (``$TIDEFLOW_STEP_OUTPUTS``) is each rank's own: ``{rank}`` in it is the rank.
     """
     local_ranks = [s.rank for s in job.slots if s.node == slot.node]
@@ -50,6 +51,11 @@ def worker_env(job: GangJob, slot: WorkerSlot, port: int, restarts: int) -> dict
         "TIDEFLOW_EMULATED": "1" if job.emulated else "0",
         "PYTHONUNBUFFERED": "1",
     }
+    if len(local_ranks) > 1 and "OMP_NUM_THREADS" not in env:
+        # torchrun's default for several workers on one node (torch/distributed/run.py):
+        # each worker's thread pool would otherwise take every core, and the workers
+        # would fight over them. A number the user or the step set is kept.
+        env["OMP_NUM_THREADS"] = "1"
     if OUTPUTS_ENV in job.env:  # the step's outputs file: one per rank
         env[OUTPUTS_ENV] = job.env[OUTPUTS_ENV].replace("{rank}", str(slot.rank))
     variable = _VISIBLE_DEVICES.get(job.device_class)
