@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import airflow_home_from
 from tideflow.backends import GangJob, WorkerSlot
 from tideflow.backends.local import LocalBackend
 from tideflow.gangs.control import gang_rows
@@ -74,9 +74,8 @@ def start_tideflow_run(
     """``tideflow run PIPELINE`` as a user starts it, its output read as text, in the home
     ``env`` names, its Airflow DB a copy of ``migrated_airflow_db`` (tests/conftest.py),
     as on a user's second run: each test pays for its run and its interrupt."""
-    airflow_home = Path(env["TIDEFLOW_HOME"]) / "airflow-run"  # `tideflow run`'s default
-    airflow_home.mkdir(parents=True)
-    shutil.copy(migrated_airflow_db, airflow_home / "airflow.db")
+    # `tideflow run`'s default home
+    airflow_home_from(migrated_airflow_db, Path(env["TIDEFLOW_HOME"]) / "airflow-run")
     return subprocess.Popen(
         [sys.executable, "-m", "tideflow.cli", "run", str(pipeline)],
         env=env,
