@@ -105,6 +105,52 @@ def preempt_and_wait(backend: LocalBackend, gang_id: str) -> tuple[Any, str]:
     return status, backend.log_path(gang_id).read_text()
 
 
+class Interrupted(NamedTuple):
+    """What one gang lived through in ``killed_then_preempted``."""
+
+    resumed: int  # the step the supervisor's restart resumed from, after the SIGKILL
+    preempted: int  # the step SIGTERM stopped the restarted gang at, and committed
+    log: str  # the first submission's log: the kill, the restart, the preemption
+
+
+def killed_then_preempted(
+    backend: LocalBackend, script: Path, root: Path, *, kill_after: int, steps: int
+) -> Interrupted:
+    """One gang through both interruptions a cluster deals, each answered as in production.
+
+    Rank 1 is killed (SIGKILL, a node lost) once a periodic checkpoint of step
+    ``kill_after`` or later is committed: the supervisor restarts the gang from its newest
+    committed checkpoint. Once the restarted gang has committed again it is preempted
+    (SIGTERM): every rank exits 75 after committing the step it stopped at. The gang is then
+    submitted again, uninterrupted, and must resume from that step and finish.
+    """
+    store = (root / "ckpt").as_uri()
+    env = policy(store)
+    backend.submit(gang("story", script, root, env, extra=("--step-sleep", "0.1"), max_restarts=1))
+    reached = wait_for_checkpoint(store, kill_after)
+    kill_rank(backend, "story", 1)
+    restarted = r"resumed from checkpoint step (\d+) \(restart 1\)"
+    found = re.search(restarted, wait_for_log(backend, "story", restarted, timeout_s=180))
+    assert found is not None
+    resumed = int(found.group(1))
+    assert kill_after <= reached <= resumed < steps and resumed % 5 == 0
+    wait_for_checkpoint(store, resumed + 5)  # the restarted gang trains on
+
+    status, log = preempt_and_wait(backend, "story")
+    assert status.state is GangState.PREEMPTED and status.restarts == 1, log[-4000:]
+    assert status.exit_codes == (75, 75), log[-4000:]
+    assert f"relaunching; the newest committed checkpoint is step {resumed}" in log
+    committed = CheckpointManager(store).latest()
+    assert committed is not None and resumed < committed.step < steps
+    assert re.search(rf"rank 0: preempted \(SIGTERM\) at step {committed.step}; checkpoint ", log)
+    assert re.search(rf"rank 1: preempted \(SIGTERM\) at step {committed.step}; ", log)
+
+    run(backend, gang("story", script, root, env))  # the devices are back
+    resubmitted = backend.log_path("story").read_text()
+    assert f"resumed from checkpoint step {committed.step} (restart 0)" in resubmitted
+    return Interrupted(resumed, committed.step, log)
+
+
 class Whole(NamedTuple):
     """An uninterrupted run with a checkpoint store and a step's MLflow run."""
 
