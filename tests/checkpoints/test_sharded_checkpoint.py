@@ -209,13 +209,11 @@ def assert_resumed(saved: Saved, out: Path, nproc: int) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("nproc", [1, 3])
-def test_resume_at_another_world_size_restores_the_saved_state(
-    saved: Saved, tmp_path: Path, nproc: int
-) -> None:
+def test_resume_on_one_worker_restores_the_saved_state(saved: Saved, tmp_path: Path) -> None:
+    """Two workers saved; one resumes. (Three resume in the S3 test below.)"""
     out = tmp_path / "out"
-    succeeded(launch(nproc, "--store", saved.sync_uri, "--resume", "--out", out, logs=tmp_path))
-    assert_resumed(saved, out, nproc)
+    succeeded(launch(1, "--store", saved.sync_uri, "--resume", "--out", out, logs=tmp_path))
+    assert_resumed(saved, out, 1)
 
 
 @pytest.mark.timeout(180)
