@@ -13,7 +13,7 @@ minutes. The story, each step through the real components:
      of it: the lab has no other idle GPU, so the next growth must reclaim
      it); it starts on
      the local backend (with its lease, renewed by its supervisor, as a gang
-     step's is);
+     step's is), and the story waits for its first checkpoint;
   3. broker DAG runs until the load climbs and the broker takes its GPU back:
      the ledger asks the borrowing gang to stop, it checkpoints and exits
      resumable (75) within the rule's grace.
@@ -155,6 +155,8 @@ def run_team_story(
             if not started:
                 lease = _start_gang(ledger, backend, request, home, checkpoints, say)
                 started, borrowed = lease is not None, lease.borrowed if lease else 0
+                if started:
+                    _wait_until_training(backend, checkpoints, deadline)
                 continue
             reason = evicted()
             if reason:
@@ -193,6 +195,20 @@ def _start_gang(  # noqa: PLR0917 (the story's parts, passed along)
     )
     backend.submit(_gang_job(home, lease.lease_id, lease.workers, checkpoints))
     return lease
+
+
+def _wait_until_training(backend: LocalBackend, checkpoints: str, deadline: float) -> None:
+    """Until the gang has committed its first checkpoint (or ended): reclaimed while its
+    workers still start, it would have nothing to save, and the story is the checkpoint
+    a reclaimed gang writes on notice. The next broker run may reclaim at once."""
+    from tideflow.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(checkpoints)
+    while time.monotonic() < deadline and manager.latest(verify=False) is None:
+        status = backend.status(GANG_ID)
+        if status is not None and status.state.finished:
+            return
+        time.sleep(0.5)
 
 
 def _after_eviction(  # noqa: PLR0917 (the story's parts, passed along)
