@@ -8,6 +8,7 @@ device class.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,10 @@ def test_an_elastic_gang_is_shrunk_not_stopped_and_goes_on_with_fewer_workers(
     assert backend.wait("flex", 300).state is GangState.SUCCEEDED
     log = backend.log_path("flex").read_text()
     assert f"resumed from step {stopped.step} (restart 0) on 1 worker(s), was 2" in log
+    accuracy = float(re.findall(r'"val_accuracy": ([0-9.]+)', log)[-1])
+    assert accuracy >= 0.93, log[-2000:]  # the run trained on as one worker
+    final = CheckpointManager(checkpoints).latest()
+    assert final is not None and final.meta["world_size"] == 1 and final.step > stopped.step
     assert actuator.inference_gpus() == 1
 
 

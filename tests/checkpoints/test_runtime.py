@@ -6,11 +6,14 @@ import math
 import random
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from tideflow.checkpoint import CheckpointManager
 from tideflow.runtime import (
     HealthGuard,
     MixedPrecision,
@@ -21,6 +24,9 @@ from tideflow.runtime import (
     seed_everything,
     set_rng_state,
 )
+from tideflow.runtime.checkpointing import AsyncCheckpointer
+from tideflow.runtime.config import EnvConfig
+from tideflow.runtime.distributed import DistInfo
 
 
 def consume(sampler: ResumableDistributedSampler, batches: int) -> list[int]:
@@ -195,3 +201,32 @@ def test_mixed_precision_uses_bf16_or_scaled_fp16_on_gpu() -> None:
     precision = MixedPrecision(torch.device("cuda"))
     assert precision.dtype in (torch.bfloat16, torch.float16)
     assert precision.scaler.is_enabled() == (precision.dtype == torch.float16)
+
+
+def test_a_checkpoint_of_another_gang_size_resumes_only_an_elastic_gang(tmp_path: Path) -> None:
+    """Written by two ranks: a one-rank gang is refused unless elastic (TIDEFLOW_MIN_WORKERS
+    set); elastic, it resumes rank 0's state, and a third rank, which has no shard, starts
+    from an empty state of its own."""
+    manager = CheckpointManager(tmp_path.as_uri())
+
+    def rank(number: int, world_size: int) -> AsyncCheckpointer:
+        dist = DistInfo(number, world_size, number, torch.device("cpu"), None, False)
+        return AsyncCheckpointer(manager, dist)
+
+    for number in (1, 0):  # as a gang saves: rank 1 first, rank 0 commits
+        state = {"model": {"w": torch.ones(2)}}
+        rank(number, 2).save(7, state, rank_state={"rng": torch.tensor([number])}, block=True)
+    with pytest.raises(RuntimeError, match="step 7 was written by 2 ranks, this gang has 1"):
+        rank(0, 1).load_latest()
+    resumed = rank(0, 1).load_latest(elastic=True)
+    assert resumed is not None
+    step, shared, mine = resumed
+    assert step == 7 and torch.equal(shared["model"]["w"], torch.ones(2))
+    assert torch.equal(mine["rng"], torch.tensor([0]))
+    third = rank(2, 3).load_latest(elastic=True)
+    assert third is not None and third[2] == {}
+
+
+def test_a_gang_is_elastic_exactly_when_it_has_a_fewest_workers() -> None:
+    fixed = EnvConfig(None, None, None, 3, None, "cpu", False, 0)
+    assert not fixed.elastic and replace(fixed, min_workers=1).elastic
