@@ -275,20 +275,6 @@ def test_the_guard_stops_a_diverging_run_at_the_last_good_checkpoint(tmp_path: P
     assert manager.marked("last-good") == newest.step == int(stopped.group(2))
 
 
-@pytest.mark.processes
-def test_an_unmodified_script_is_told_it_resumes_from_nothing(tmp_path: Path) -> None:
-    """The supervisor says what a restart resumes from, as the store shows it."""
-    store = (tmp_path / "ckpt").as_uri()
-    backend = LocalBackend(tmp_path / "gangs")
-    backend.submit(slow_gang("plain", PLAIN, tmp_path, store))
-    wait_for_line(backend.log_path("plain"), "epoch 0: loss")
-    log = kill_rank_1(backend, "plain")
-    assert backend.wait("plain", 180).state is GangState.SUCCEEDED
-    assert f"no checkpoint is committed in {store}: the workers start from the beginning" in (
-        log.read_text()
-    )
-
-
 def resolved(tmp_path: Path, checkpoint: dict[str, Any]) -> Any:
     return resolve_gang(
         gang_plan_from_json(

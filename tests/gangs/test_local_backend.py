@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,21 @@ def test_a_dead_worker_restarts_the_whole_gang(tmp_path: Path) -> None:
     log = backend.log_path("g/flaky").read_text()
     assert "rank 1 died (exit code 3); stopping the whole gang" in log
     assert "restart 1 of 2" in log
+
+
+def test_a_restart_of_a_gang_that_never_checkpoints_is_told_it_starts_over(
+    tmp_path: Path,
+) -> None:
+    """The supervisor says what a restart resumes from, as the store shows it."""
+    backend = LocalBackend(tmp_path / "gangs")
+    store = (tmp_path / "ckpt").as_uri()
+    plain = job("g/plain", "fail-once")
+    env = {**plain.env, "TIDEFLOW_CHECKPOINT_URI": store, "GANG_TEST_CHECKPOINT": "0"}
+    backend.submit(replace(plain, env=env))
+    assert backend.wait("g/plain", 60).state is GangState.SUCCEEDED
+    assert f"no checkpoint is committed in {store}: the workers start from the beginning" in (
+        backend.log_path("g/plain").read_text()
+    )
 
 
 def test_restarts_are_bounded(tmp_path: Path) -> None:
