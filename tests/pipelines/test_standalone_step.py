@@ -302,17 +302,32 @@ def scored_store(tmp_path: Path) -> str:
     return uri
 
 
+CHOICES = [
+    ("best", {"metric": "val_accuracy", "mode": "max"}, 20, "best by val_accuracy (max)"),
+    ("best", {"metric": "val_accuracy", "mode": "min"}, 10, "best by val_accuracy (min)"),
+    ("latest", {"metric": "val_accuracy", "mode": "max"}, 30, "asks for the latest"),
+    ("best", None, 30, "declares no checkpoint.keep_best"),
+    ("best", {"metric": "f1", "mode": "max"}, 30, "has a finite f1"),
+]
+
+
+@pytest.mark.parametrize(("choice", "keep_best", "step", "says"), CHOICES)
+def test_the_checkpoint_field_names_the_checkpoint_and_says_why(
+    tmp_path: Path, choice: str, keep_best: dict[str, str] | None, step: int, says: str
+) -> None:
+    from tideflow.steps.evaluation import select_checkpoint
+
+    said: list[str] = []
+    chosen = select_checkpoint(scored_store(tmp_path), choice, keep_best, log=said.append)
+    assert chosen.facts["checkpoint_step"] == step and says in chosen.reason
+    assert chosen.selected == ("best" if "best by" in says else "latest")
+    assert any(says in line for line in said)  # a fallback to the latest is logged too
+
+
+# The executor's wiring, once for a best and once for a fallback to the latest: the rules
+# between are the test above's.
 @pytest.mark.processes
-@pytest.mark.parametrize(
-    ("choice", "keep_best", "step", "says"),
-    [
-        ("best", {"metric": "val_accuracy", "mode": "max"}, 20, "best by val_accuracy (max)"),
-        ("best", {"metric": "val_accuracy", "mode": "min"}, 10, "best by val_accuracy (min)"),
-        ("latest", {"metric": "val_accuracy", "mode": "max"}, 30, "asks for the latest"),
-        ("best", None, 30, "declares no checkpoint.keep_best"),
-        ("best", {"metric": "f1", "mode": "max"}, 30, "has a finite f1"),
-    ],
-)
+@pytest.mark.parametrize(("choice", "keep_best", "step", "says"), [CHOICES[0], CHOICES[3]])
 def test_the_evaluation_executor_scores_the_checkpoint_its_checkpoint_field_names(
     tmp_path: Path,
     tracking: str,
