@@ -223,13 +223,16 @@ def test_four_ranks_resume_bitwise_exactly_when_ddp_keeps_its_bucket_layout(
 
     With 4 ranks a DDP that re-lays its buckets after its first step (the
     default) sums the first step after a restart in another order, so the
-    weights differ from an uninterrupted run in the last bits, and the resumed
-    run says so; with ``find_unused_parameters=True`` DDP keeps one layout and
-    the resume is bitwise exact.
+    weights may differ from an uninterrupted run in the last bits, and the
+    resumed run says so; with ``find_unused_parameters=True`` DDP keeps one
+    layout, the resume is bitwise exact and nothing is said. The default's
+    resume is not compared with an uninterrupted run: whether its last bits
+    differ is DDP's behaviour, and the caveat says only that they may.
     """
     flag = ("--find-unused-parameters",) if find_unused else ()
     backend = LocalBackend(tmp_path / "gangs")
-    run(backend, gang("reference", PLAIN, tmp_path / "ref", {}, extra=flag, workers=4))
+    if find_unused:
+        run(backend, gang("reference", PLAIN, tmp_path / "ref", {}, extra=flag, workers=4))
     store = (tmp_path / "ckpt").as_uri()
     env = policy(store, every_steps=100)
     slow = gang(
@@ -247,12 +250,10 @@ def test_four_ranks_resume_bitwise_exactly_when_ddp_keeps_its_bucket_layout(
     log = run(backend, gang("evict", CHECKPOINTED, tmp_path / "out", env, extra=flag, workers=4))
     assert "resumed from checkpoint step" in log
     caveat = "with 4 ranks the result may differ from an uninterrupted run in the last bits"
-    same = (
-        report(tmp_path / "out", 4)["weights_sha256"]
-        == report(tmp_path / "ref", 4)["weights_sha256"]
-    )
-    assert same is find_unused
     assert (caveat in log) is not find_unused
+    if find_unused:
+        resumed = report(tmp_path / "out", 4)["weights_sha256"]
+        assert resumed == report(tmp_path / "ref", 4)["weights_sha256"]
 
 
 @pytest.mark.processes
