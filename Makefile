@@ -2,10 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Test workers (pytest-xdist): tests/tiers.py gives a worker the cluster tier whole, else
-# a whole module (its fixtures start once). TEST_JOBS=0 runs in this process. One more
-# worker than two cores: many tests wait (a gang paced to be interrupted, a stop's
-# grace, a server's start), and two workers left a core idle a tenth of the time.
-TEST_JOBS ?= 3
+# a whole module (its fixtures start once). TEST_JOBS=0 runs in this process.
+TEST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_JOBS)
 # Bytecode is written and reused: where PYTHONDONTWRITEBYTECODE is set, each test worker
 # and each process a test starts would compile tideflow and rewrite the tests' asserts
