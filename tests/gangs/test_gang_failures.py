@@ -109,8 +109,8 @@ def test_a_hang_restarts_the_gang_and_a_failure_that_then_repeats_ends_it(
     """Rank 1 waits forever at step 12 (hang_timeout 5 s: TIDEFLOW_HANG_TIMEOUT_S, which
     the step's ``hang_timeout`` sets): the hang is noticed, the ranks' stacks are dumped
     and the gang restarts from step 10. Each later attempt raises at step 17: the first
-    such failure is new, so it restarts; the second repeats it, so the gang ends with
-    a restart unused (a restart a failure needs once, then cures, is still given)."""
+    such failure is new, so it gets a restart; the second repeats it, so the gang ends
+    with a restart unused."""
     backend = LocalBackend(tmp_path / "gangs")
     job = bug_gang("story", tmp_path, "--hang", "--then-fail-at", "17")
     job = replace(job, env={**job.env, "TIDEFLOW_HANG_TIMEOUT_S": "5"})

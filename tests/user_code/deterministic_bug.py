@@ -1,13 +1,10 @@
 """A DDP script with a bug that hits rank 1 at the same step on every attempt.
 
-    python deterministic_bug.py --bad-step 12 [--only-first-attempt] [--hang]
-                                [--then-fail-at 17]
+    python deterministic_bug.py --bad-step 12 [--hang] [--then-fail-at 17]
 
-With ``--only-first-attempt`` the bug hits the first attempt only (a flaky
-failure: a restart cures it). With ``--hang`` the bug is a hang instead of an
-exception: rank 1 waits forever at that step, as on a lock it never gets. With
-``--then-fail-at N`` the attempts after the first meet another bug: rank 1 raises
-at step N.
+With ``--hang`` the bug is a hang instead of an exception: rank 1 waits forever
+at that step, as on a lock it never gets. With ``--then-fail-at N`` the attempts
+after the first meet another bug: rank 1 raises at step N.
 """
 
 import argparse
@@ -26,7 +23,6 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bad-step", type=int, required=True)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--only-first-attempt", action="store_true")
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--then-fail-at", type=int)
     args = parser.parse_args()
@@ -41,7 +37,7 @@ def main() -> None:
     the_first_bug = first_attempt or args.then_fail_at is None
     bad_step = args.bad_step if the_first_bug else args.then_fail_at
     while step < args.steps:
-        if rank == 1 and step == bad_step and (first_attempt or not args.only_first_attempt):
+        if rank == 1 and step == bad_step:
             if args.hang and the_first_bug:
                 threading.Event().wait()  # a lock that is never released
             raise ValueError(f"bad record in shard {step}")
