@@ -9,13 +9,13 @@ device class.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.checkpoints.test_checkpoints_api import wait_for_checkpoint
 from tests.checkpoints.test_runtime_distributed import (
     job,
     splits,
@@ -117,7 +117,7 @@ def test_a_reclaimed_gang_checkpoints_waits_resumes_and_is_forced_past_a_grace(
     again = ledger.try_acquire(request, "operator", 600)
     assert isinstance(again, Lease)
     backend.submit(job("digits-train", splits, checkpoints, step_delay=0.02, device_class="gpu"))
-    newest = wait_for_checkpoint_after(checkpoints, stopped.step)  # a periodic one
+    newest = wait_for_checkpoint(checkpoints, stopped.step + 1)  # a periodic one
     assert f"resumed from step {stopped.step}" in backend.log_path("digits-train").read_text()
     wait_for_step(backend.log_path("digits-train"), newest + 3)  # work past it
 
@@ -137,16 +137,6 @@ def test_a_reclaimed_gang_checkpoints_waits_resumes_and_is_forced_past_a_grace(
     trained = 2 * (first.ended_at - first.started_at) + 2 * held_s
     assert work.trained_gpu_s == pytest.approx(trained)
     assert work.lost_gpu_s(stop_cost_s=100) == pytest.approx(last.lost_device_s + 400)
-
-
-def wait_for_checkpoint_after(checkpoints: str, step: int, timeout_s: float = 120) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        newest = CheckpointManager(checkpoints).latest(verify=False)
-        if newest is not None and newest.step > step:
-            return newest.step
-        time.sleep(0.05)
-    raise TimeoutError(f"no checkpoint after step {step} in {checkpoints}")
 
 
 def replace_grace(actuator: LocalActuator, grace_s: float) -> LocalActuator:
