@@ -3,7 +3,6 @@
 GANG_TEST_MODE:
   ok            print the rank environment and exit 0
   fail-once     rank 1 exits 3 on the first attempt, every rank succeeds afterwards
-  fail-always   rank 1 always exits 3
   sleep         run until SIGTERM; on SIGTERM exit 75 ("checkpointed, resumable")
   slow          sleep GANG_TEST_SECONDS (default 3), then exit 0
 
@@ -43,8 +42,6 @@ print(
 )
 
 if mode == "fail-once" and rank == 1 and restart == 0:
-    sys.exit(3)
-if mode == "fail-always" and rank == 1:
     sys.exit(3)
 if mode == "slow":
     time.sleep(float(os.environ.get("GANG_TEST_SECONDS", "3")))

@@ -68,6 +68,17 @@ def test_the_cause_is_the_rank_whose_own_code_raised(tmp_path: Path) -> None:
     assert own == FailureSignature(1, 12, "ValueError") and not own.peer_lost
     assert first_cause([peer, own]) is own
     assert first_cause([peer]) is peer  # nothing better known
+    assert own.said == "ValueError: bad record"  # what a failure message quotes
+
+
+def test_a_failure_without_a_traceback_quotes_the_ranks_last_line(tmp_path: Path) -> None:
+    """A script that cannot start prints no traceback; its last line is the cause."""
+    text = "\n/usr/bin/python: can't open file '/w/train.py': [Errno 2] No such file\n\n"
+    cannot_start = signature(0, 2, text, tmp_path / "absent.json")
+    assert cannot_start == FailureSignature(0, None, "exit code 2")
+    assert cannot_start.said == text.strip()
+    assert signature(0, 2, "x" * 5000, tmp_path / "absent.json").said == "x" * 300 + "..."
+    assert signature(0, -9, text, tmp_path / "absent.json").said == ""  # killed: not its words
 
 
 def test_only_the_same_rank_step_and_cause_count_as_deterministic(tmp_path: Path) -> None:
@@ -125,6 +136,7 @@ def test_a_hang_restarts_the_gang_and_a_failure_that_then_repeats_ends_it(
     assert "relaunching; the newest committed checkpoint is step 10" in log  # after the hang
     assert "relaunching; the newest committed checkpoint is step 15" in log  # a new failure
     assert "rank 1: ValueError at step 17 on two attempts in a row" in status.message
+    assert "ValueError: bad record in shard 17" in status.message
     assert "not using the 1 restart(s) left" in log
     assert log.count("started 2 worker(s)") == 3
     assert time.monotonic() - started < (5 + 10) + 120  # the hang caught in ~5-10 s

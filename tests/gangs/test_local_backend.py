@@ -115,12 +115,16 @@ def test_a_restart_of_a_gang_that_never_checkpoints_is_told_it_starts_over(
     )
 
 
-def test_restarts_are_bounded(tmp_path: Path) -> None:
+def test_restarts_are_bounded_and_the_failure_quotes_its_cause(tmp_path: Path) -> None:
+    """A command naming a script that is not there, as a newcomer writes it: the gang
+    fails once its restarts are used up, and its message says why."""
     backend = LocalBackend(tmp_path)
-    backend.submit(job("g/broken", "fail-always", max_restarts=1))
+    missing = replace(job("g/broken", "ok", max_restarts=1), command=(sys.executable, "no.py"))
+    backend.submit(missing)
     status = backend.wait("g/broken", 60)
     assert status.state is GangState.FAILED and status.restarts == 1
-    assert "max_restarts=1 is used up" in status.message
+    assert "rank 0 died (exit code 2) and max_restarts=1 is used up" in status.message
+    assert "can't open file" in status.message and "no.py" in status.message
 
 
 def test_submit_twice_and_reattach_do_not_start_a_second_copy(tmp_path: Path) -> None:

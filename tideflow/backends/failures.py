@@ -27,6 +27,7 @@ _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(:|$)")
 # torch.distributed prefixes a worker's uncaught traceback with its rank.
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 # What a rank raises when a peer died first: a consequence, not the cause.
+SAID_MAX = 300  # characters of a rank's line a failure message quotes
 PEER_LOST = (
     "Connection closed by peer",
     "Connection reset by peer",
@@ -43,6 +44,13 @@ class FailureSignature:
     step: int | None  # the last step its runtime recorded; None if it records none
     cause: str  # the exception type, or "signal N" / "exit code N"
     peer_lost: bool = field(default=False, compare=False)  # it died because a peer did
+    # What a failure message quotes: the exception's line, else the rank's last line (a
+    # script that cannot start prints no traceback); "" for a signal, not the rank's words.
+    said: str = field(default="", compare=False)
+
+    def printed(self) -> str:
+        """The rank's own words, for the end of a failure message ("" when none)."""
+        return f"; rank {self.rank} printed: {self.said}" if self.said else ""
 
     def describe(self) -> str:
         at = f" at step {self.step}" if self.step is not None else ""
@@ -66,6 +74,12 @@ def last_exception(log_text: str) -> tuple[str, str] | None:
     return None
 
 
+def _last_line(log_text: str) -> str:
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    last = _RANK_PREFIX.sub("", lines[-1]) if lines else ""
+    return last if len(last) <= SAID_MAX else last[:SAID_MAX] + "..."
+
+
 def progress_step(path: Path) -> int | None:
     try:
         return int(json.loads(path.read_text())["step"])
@@ -75,15 +89,17 @@ def progress_step(path: Path) -> int | None:
 
 def signature(rank: int, code: int, log_text: str, progress: Path) -> FailureSignature:
     """The signature of rank ``rank`` dying with ``code`` (negative: a signal)."""
+    step = progress_step(progress)
     if code == EXIT_HUNG:  # the runtime's watchdog: no progress for hang_timeout
-        return FailureSignature(rank, progress_step(progress), "hang")
-    found = last_exception(log_text) if code > 0 else None
+        return FailureSignature(rank, step, "hang")
+    if code < 0:
+        return FailureSignature(rank, step, f"signal {-code}")
+    found = last_exception(log_text)
     if found is None:
-        cause = f"signal {-code}" if code < 0 else f"exit code {code}"
-        return FailureSignature(rank, progress_step(progress), cause)
+        return FailureSignature(rank, step, f"exit code {code}", said=_last_line(log_text))
     kind, line = found
     lost = any(marker in line for marker in PEER_LOST)
-    return FailureSignature(rank, progress_step(progress), kind, peer_lost=lost)
+    return FailureSignature(rank, step, kind, peer_lost=lost, said=_last_line(line))
 
 
 def first_cause(signatures: list[FailureSignature]) -> FailureSignature:

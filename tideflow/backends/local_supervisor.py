@@ -225,14 +225,15 @@ class Supervisor:
             self.write_status(
                 GangState.FAILED,
                 f"{failure.describe()} on two attempts in a row; a restart would fail "
-                "again, so the gang stopped (see the rank's log for the traceback)",
+                f"again, so the gang stopped (its log has the traceback){failure.printed()}",
             )
             return GangState.FAILED
         self.last_failure = failure
         if self.restarts >= self.job.max_restarts:
             self.write_status(
                 GangState.FAILED,
-                f"rank {rank} died ({how}) and max_restarts={self.job.max_restarts} is used up",
+                f"rank {rank} died ({how}) and max_restarts={self.job.max_restarts} is used "
+                f"up{failure.printed()}",
             )
             return GangState.FAILED
         self.restarts += 1
