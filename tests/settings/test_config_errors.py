@@ -177,6 +177,8 @@ def test_a_hostile_setting_is_one_message_naming_it(case: tuple[tuple[str, ...],
         (["gangs"], "TIDEFLOW_ARTIFACT_ROOT", ""),  # an empty root went through
         (["compile", DIGITS, "--target", "argo"], "TIDEFLOW_K8S_IMAGE", ""),  # hera asserted
         (["compile", DIGITS, "--target", "argo"], "TIDEFLOW_K8S_GRACE_S", "1e400"),
+        # written into the WorkflowTemplate as it was
+        (["compile", DIGITS, "--target", "argo"], "TIDEFLOW_ARTIFACT_ROOT", "ftp//nonsense"),
     ],
 )
 def test_the_other_commands_refuse_a_setting_by_name(

@@ -175,6 +175,8 @@ def test_each_declaration_is_whole() -> None:
         ("TIDEFLOW_EMULATED", "yes"),
         ("TIDEFLOW_K8S_GRACE_S", "1e400"),
         ("TIDEFLOW_BROKER_LATENCY_SLO_SHARE", "1"),
+        ("TIDEFLOW_ARTIFACT_ROOT", "ftp://host/x"),  # no store of that scheme exists
+        ("TIDEFLOW_CHECKPOINT_URI", "bucket/ckpt"),
     ],
 )
 def test_a_refused_value_is_named_with_what_is_accepted(

@@ -25,6 +25,7 @@ from tideflow.settings_registry.declared import BY_NAME, SETTINGS
 from tideflow.settings_registry.model import (
     BACKENDS,
     READERS,
+    STORE_SCHEMES,
     ConfigError,
     Reader,
     Setting,
@@ -36,6 +37,7 @@ __all__ = [
     "BY_NAME",
     "READERS",
     "SETTINGS",
+    "STORE_SCHEMES",
     "ConfigError",
     "Reader",
     "Setting",

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlparse
 
 Kind = Literal["text", "choice", "number", "whole", "flag", "path", "uri", "form"]
 # Who reads a setting: a `tideflow` command, an Airflow operator at task start, the
@@ -21,6 +22,7 @@ Reader = Literal["cli", "operator", "dag", "worker", "broker", "stack"]
 READERS: tuple[Reader, ...] = ("cli", "operator", "dag", "worker", "broker", "stack")
 BACKENDS = ("local", "kubernetes")
 FLAG_WORDS = {"1": True, "0": False}
+STORE_SCHEMES = ("file", "s3")  # what a `uri` setting may name: the stores tideflow opens
 
 
 class ConfigError(ValueError):
@@ -104,7 +106,8 @@ class Setting:
         refused = (
             (self.kind == "choice" and text not in self.choices)
             or (self.kind == "flag" and text not in FLAG_WORDS)
-            or ((self.kind == "uri" or self.nonblank) and not text.strip())
+            or (self.kind == "uri" and urlparse(text.strip()).scheme not in STORE_SCHEMES)
+            or (self.nonblank and not text.strip())
         )
         if refused:
             raise self.refuse(text)

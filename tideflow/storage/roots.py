@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from urllib.parse import urlparse
 
-SCHEMES = ("file", "s3")
+from tideflow.settings_registry import STORE_SCHEMES as SCHEMES
 
 
 class StoreRootError(ValueError):
