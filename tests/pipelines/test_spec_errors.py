@@ -86,6 +86,22 @@ INVALID = {
             "fix the YAML syntax (indentation, quotes, ':' after keys)"
         ],
     ),
+    "a tab in the indentation": (
+        HEADER + "steps:\n  - name: prep\n\tdata_prep: {entrypoint: pkg.mod:prepare}\n",
+        [
+            f"{FILE}:8:1: (document): YAML syntax error: while scanning a plain scalar "
+            "started at 7:11, found a tab character that violates indentation; "
+            "indent with spaces: YAML allows no tabs in indentation"
+        ],
+    ),
+    "a block indented with tabs": (
+        "apiVersion: tideflow/v1\nkind: Pipeline\nmetadata:\n\tname: case\n",
+        [
+            f"{FILE}:4:1: (document): YAML syntax error: while scanning for the next token "
+            "started at 4:1, found character that cannot start any token; "
+            "indent with spaces: YAML allows no tabs in indentation"
+        ],
+    ),
     "unknown key with suggestion": (
         HEADER
         + """\

@@ -244,14 +244,14 @@ def load_yaml(text: str, file: str, limits: YamlLimits = LIMITS) -> LoadedYaml:
         if context and exc.context_mark is not None:
             context += f" started at {exc.context_mark.line + 1}:{exc.context_mark.column + 1},"
         problem = " ".join(part for part in (context, exc.problem) if part)
-        issue = SpecIssue(
-            file,
-            line,
-            col,
-            "",
-            f"YAML syntax error: {problem}",
-            "fix the YAML syntax (indentation, quotes, ':' after keys)",
+        lines = text.splitlines()
+        at = lines[line - 1][col - 1 : col] if line <= len(lines) else ""
+        fix = (
+            "indent with spaces: YAML allows no tabs in indentation"
+            if at == "\t"
+            else "fix the YAML syntax (indentation, quotes, ':' after keys)"
         )
+        issue = SpecIssue(file, line, col, "", f"YAML syntax error: {problem}", fix)
         return LoadedYaml(None, Positions(), [issue])
     except yaml.YAMLError as exc:
         issue = SpecIssue(file, 1, 1, "", f"YAML error: {exc}", "a single YAML document")
