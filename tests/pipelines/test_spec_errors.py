@@ -437,8 +437,11 @@ def test_real_file_errors_name_the_path(tmp_path: Path) -> None:
 def test_empty_and_missing_files(tmp_path: Path) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing\n")
-    with pytest.raises(SpecError, match="the file is empty"):
+    with pytest.raises(SpecError) as caught:
         load_pipeline(empty)
+    assert [str(i) for i in caught.value.issues] == [
+        f"{empty}:1:1: (document): the file is empty; a pipeline file (kind: Pipeline)"
+    ]
     with pytest.raises(SpecError, match="file not found"):
         load_pipeline(tmp_path / "absent.yaml")
 
@@ -450,6 +453,25 @@ def test_shipped_example_pipelines_are_valid(repo: Path) -> None:
     assert [f.name for f in files] == ["digits.yaml"]
     for file in files:
         load_pipeline(file)
+
+
+def test_a_file_of_the_other_kind_is_one_problem_saying_so() -> None:
+    """A pipeline file named where a cluster file goes (``--cluster``), and the other
+    way round: the kind is the problem, not each field the other kind lacks."""
+    from tideflow.inventory import ClusterSpec
+
+    with pytest.raises(SpecError) as caught:
+        parse_model(VALID["minimal data prep"], "digits.yaml", ClusterSpec)
+    assert [str(i) for i in caught.value.issues] == [
+        "digits.yaml:2:7: kind: this is a pipeline file (kind: Pipeline); "
+        "a cluster file (kind: Cluster) is wanted here"
+    ]
+    with pytest.raises(SpecError) as caught:
+        parse_model(CLUSTER, "lab.yaml", PipelineSpec)
+    assert [str(i) for i in caught.value.issues] == [
+        "lab.yaml:2:7: kind: this is a cluster file (kind: Cluster); "
+        "a pipeline file (kind: Pipeline) is wanted here"
+    ]
 
 
 def test_cluster_file_integers_refuse_booleans() -> None:

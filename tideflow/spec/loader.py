@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -13,11 +13,44 @@ from tideflow.spec.checks import ClusterCapacity, cross_step_issues
 from tideflow.spec.errors import SpecError, SpecIssue
 from tideflow.spec.models import PipelineSpec
 from tideflow.spec.report import issues_from_validation
-from tideflow.spec.yamlpos import LIMITS, Positions, format_path, load_yaml, too_large
+from tideflow.spec.yamlpos import (
+    LIMITS,
+    LoadedYaml,
+    Positions,
+    format_path,
+    load_yaml,
+    too_large,
+)
 from tideflow.storage.roots import StoreRootError, check_root
 
 M = TypeVar("M", bound=BaseModel)
 PIPELINE_SUFFIXES = (".yaml", ".yml")
+FILE_KINDS = {"Pipeline": "a pipeline file", "Cluster": "a cluster file"}
+
+
+def _kind_wanted(model: type[BaseModel]) -> str:
+    """``a pipeline file (kind: Pipeline)``: the file ``model`` reads, in the user's words."""
+    field = model.model_fields.get("kind")
+    kind = next(iter(get_args(field.annotation)), None) if field else None
+    return f"{FILE_KINDS[kind]} (kind: {kind})" if kind in FILE_KINDS else f"a {model.__name__}"
+
+
+def _other_kind(loaded: LoadedYaml, file: str, model: type[BaseModel]) -> SpecIssue | None:
+    """A file of tideflow's other kind: that alone is its problem, not each of its fields
+    the wanted kind lacks (a pipeline file named by ``--cluster``)."""
+    given = loaded.data.get("kind") if isinstance(loaded.data, dict) else None
+    wanted = _kind_wanted(model)
+    if not isinstance(given, str) or given not in FILE_KINDS or f"(kind: {given})" in wanted:
+        return None
+    line, column = loaded.positions.of_value(("kind",))
+    return SpecIssue(
+        file,
+        line,
+        column,
+        "kind",
+        f"this is {FILE_KINDS[given]} (kind: {given})",
+        f"{wanted} is wanted here",
+    )
 
 
 def display_path(path: Path) -> str:
@@ -66,11 +99,12 @@ def parse_model(
     loaded = load_yaml(text, file)
     issues = list(loaded.issues)
     if loaded.data is None and not issues:
-        issues.append(
-            SpecIssue(file, 1, 1, "", "the file is empty", f"a {model.__name__} document")
-        )
+        issues.append(SpecIssue(file, 1, 1, "", "the file is empty", _kind_wanted(model)))
     if issues and loaded.data is None:
         raise SpecError(file, issues)
+    other = _other_kind(loaded, file, model)
+    if other is not None:
+        raise SpecError(file, [other])
     result: M | None = None
     try:
         result = model.model_validate(loaded.data)
