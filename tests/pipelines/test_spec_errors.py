@@ -116,6 +116,21 @@ steps:
             "mean 'resources'? accepted fields: entrypoint, args, env, resources, pool, outputs"
         ],
     ),
+    "a step's field one level too deep": (
+        HEADER
+        + """\
+steps:
+  - name: prep
+    data_prep:
+      entrypoint: pkg.mod:prepare
+      retries: 2
+""",
+        [
+            f"{FILE}:10:7: steps[0].data_prep.retries: unknown field 'retries'; 'retries' is "
+            "a field of steps[0], one level up; accepted fields: entrypoint, args, env, "
+            "resources, pool, outputs"
+        ],
+    ),
     "wrong types and out of range, all reported": (
         HEADER
         + """\

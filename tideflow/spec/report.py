@@ -63,7 +63,12 @@ def _describe(error: Any, root: type[BaseModel], loc: Path) -> tuple[str, str]:
         name = str(loc[-1])
         parent = model_at(root, loc[:-1])
         fields = _field_names(parent) if parent else []
-        hint = did_you_mean(name, fields)
+        above = model_at(root, loc[:-2]) if len(loc) > 1 else None
+        if above is not None and name in _field_names(above):
+            where = format_path(loc[:-2]) or "the document"
+            hint = f"'{name}' is a field of {where}, one level up; "
+        else:
+            hint = did_you_mean(name, fields)
         return f"unknown field '{name}'", f"{hint}accepted fields: {', '.join(fields)}"
     if kind == "missing":
         return f"required field '{loc[-1]}' is missing", f"add '{loc[-1]}:'"
