@@ -70,7 +70,7 @@ def test_entry_points_that_do_not_import_are_named_with_line_field_and_error(
     repo: Path,
 ) -> None:
     package = repo / "src" / "teamcode"
-    (package / "evaluate.py").write_text("def other(ctx):\n    pass\n")
+    (package / "evaluate.py").write_text("def scores(ctx):\n    pass\n")
     (package / "build.py").write_text("import not_installed_anywhere\n")
     (package / "prep.py").unlink()
     code, lines = validate(repo)
@@ -88,7 +88,7 @@ def test_entry_points_that_do_not_import_are_named_with_line_field_and_error(
     assert lines[2].startswith(
         "pipelines/imports.yaml:15:30: steps[2].evaluation.entrypoint: cannot import "
         f"'teamcode.evaluate:score': module 'teamcode.evaluate' ({src}/teamcode/evaluate.py) "
-        "has no attribute 'score'; "
+        "has no attribute 'score' (did you mean 'scores'?); "
     )
     assert lines[3].startswith(
         "pipelines/imports.yaml:20:16: steps[3].promote_checkpoint.builder: cannot import "

@@ -25,6 +25,7 @@ from typing import Any
 
 from tideflow.spec.errors import SpecIssue
 from tideflow.spec.models import PipelineSpec
+from tideflow.spec.report import did_you_mean
 from tideflow.spec.step_kinds import Evaluation, PromoteCheckpoint
 from tideflow.spec.yamlpos import Path, Positions, format_path
 from tideflow.steps.code import with_code_path
@@ -174,7 +175,9 @@ def _check_entrypoint(entrypoint: str) -> str:
     module_name, _, attr = entrypoint.partition(":")
     module = importlib.import_module(module_name)
     if not hasattr(module, attr):
-        return f"module '{module_name}' ({module.__file__}) has no attribute '{attr}'"
+        hint = did_you_mean(attr, (n for n in vars(module) if not n.startswith("_")))
+        close = f" ({hint.strip()})" if hint else ""
+        return f"module '{module_name}' ({module.__file__}) has no attribute '{attr}'{close}"
     if not callable(getattr(module, attr)):
         return f"'{attr}' in module '{module_name}' is not callable"
     return ""
