@@ -26,8 +26,8 @@ from tideflow.config import EXIT_HUNG
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(:|$)")
 # torch.distributed prefixes a worker's uncaught traceback with its rank.
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
-# What a rank raises when a peer died first: a consequence, not the cause.
 SAID_MAX = 300  # characters of a rank's line a failure message quotes
+# What a rank raises when a peer died first: a consequence, not the cause.
 PEER_LOST = (
     "Connection closed by peer",
     "Connection reset by peer",
