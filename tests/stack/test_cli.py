@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -152,6 +153,40 @@ def test_plan_shows_templated_fields_at_their_params_defaults(tmp_path: Path) ->
         "2 (params.per) gpu H100 each; cluster 'lab' has room for 8 such worker(s)\n"
     ) in done.stdout
     assert "{{" not in done.stdout
+
+
+MISSING_SCRIPT = """\
+apiVersion: tideflow/v1
+kind: Pipeline
+metadata: {name: own, team: vision}
+steps:
+  - name: train
+    gang_training:
+      entrypoint: [python, train.py]
+      workers: 1
+      max_restarts: 0
+      checkpoint: {optional: true}
+"""
+
+
+@pytest.mark.processes
+def test_a_failed_run_ends_naming_its_failed_step_and_why(tmp_path: Path) -> None:
+    """A newcomer's gang command names its script by a path the workers' directory (the
+    one `tideflow run` started in) lacks: the run's last line names the failed step, and
+    the step's error quotes the worker."""
+    (tmp_path / "own.yaml").write_text(MISSING_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-m", "tideflow.cli", "run", "own.yaml"],
+        cwd=tmp_path,
+        env={**os.environ, "TIDEFLOW_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "pipeline own: failed (failed step: train)"
+    assert "rank 0 printed:" in done.stdout and "can't open file" in done.stdout
 
 
 @pytest.mark.processes

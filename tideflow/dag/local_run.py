@@ -56,8 +56,9 @@ def prepare_home(home: Path) -> None:
             raise RuntimeError(f"airflow db migrate failed:\n{done.stdout}\n{done.stderr}")
 
 
-def run_pipeline(pipeline: Path, conf: dict[str, Any], home: Path) -> str:
-    """Run the pipeline's DAG once; return the final DAG run state ('success' or 'failed')."""
+def run_pipeline(pipeline: Path, conf: dict[str, Any], home: Path) -> tuple[str, list[str]]:
+    """Run the pipeline's DAG once; its final state ('success' or 'failed') and the steps
+    that failed."""
     os.environ.update(airflow_env(home, pipeline))
     prepare_home(home)
     from tideflow.compile.dag_plan import compile_dag_plan
@@ -77,7 +78,8 @@ def run_pipeline(pipeline: Path, conf: dict[str, Any], home: Path) -> str:
         for line in stop_run_gangs(dag.dag_id, [s.name for s in spec.steps if s.gang_training]):
             print(f"tideflow: interrupted: {line}", file=sys.stderr, flush=True)
         raise
-    return str(dag_run.state)
+    failed = sorted(ti.task_id for ti in dag_run.get_task_instances() if ti.state == "failed")
+    return str(dag_run.state), failed
 
 
 def stop_run_gangs(dag_id: str, gang_steps: list[str]) -> list[str]:
@@ -144,11 +146,12 @@ def main(argv: list[str]) -> int:
 
     name = load_pipeline(pipeline).metadata.name
     try:
-        state = run_pipeline(pipeline, conf, home)
+        state, failed = run_pipeline(pipeline, conf, home)
     except KeyboardInterrupt:
         print(f"pipeline {name}: interrupted", flush=True)
         return 130
-    print(f"pipeline {name}: {state}", flush=True)
+    steps = f" (failed step{'s' if len(failed) > 1 else ''}: {', '.join(failed)})" if failed else ""
+    print(f"pipeline {name}: {state}{steps}", flush=True)
     return 0 if state == "success" else 1
 
 
